@@ -1,0 +1,15 @@
+"""The case catalog: one module per named family (SPEC §5).
+
+Each family module has ``FAMILY`` (the ID prefix), a docstring saying which
+real defects it exists to catch, and ``cases()`` returning its cases.
+:mod:`harness.catalog` collects them; ``pytest cases/`` runs them.
+"""
+
+FAMILY_MODULES = (
+    "allgather_shape",
+    "mixed_precision",
+    "channels_last",
+    "module_config",
+    "process_group",
+    "numerics",
+)

@@ -1,0 +1,70 @@
+"""The build under test: torch version and commit, CUDA, backends, apex state, host.
+
+Everything here is read from the installed packages at run time; records and
+store keys are made from :func:`build_info`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import socket
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """Identity of the PyTorch build a run tests."""
+
+    torch_version: str
+    torch_git_version: str
+    cuda_version: Optional[str]
+    cuda_available: bool
+    backends: tuple[str, ...]
+    python: str
+    host: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def build_info() -> BuildInfo:
+    import torch
+    import torch.distributed as dist
+
+    backends = []
+    if dist.is_available():
+        for name, check in (("gloo", "is_gloo_available"), ("nccl", "is_nccl_available"),
+                            ("mpi", "is_mpi_available"), ("ucc", "is_ucc_available")):
+            fn = getattr(dist, check, None)
+            if fn is not None and fn():
+                backends.append(name)
+    return BuildInfo(
+        torch_version=torch.__version__,
+        torch_git_version=str(torch.version.git_version),
+        cuda_version=torch.version.cuda,
+        cuda_available=torch.cuda.is_available(),
+        backends=tuple(backends),
+        python=platform.python_version(),
+        host=socket.gethostname(),
+    )
+
+
+def apex_state() -> str:
+    """One of: not installed; installed without apex.parallel; python fallback; optimized extension."""
+    if importlib.util.find_spec("apex") is None:
+        return "not installed"
+    try:
+        import apex  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - report why apex is unusable
+        return f"installed but fails to import ({type(exc).__name__}: {exc})"
+    if importlib.util.find_spec("apex.parallel") is None:
+        return "installed without apex.parallel (removed in 2025, NVIDIA/apex PR #1896)"
+    try:
+        import apex.parallel  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        return f"apex.parallel fails to import ({type(exc).__name__}: {exc})"
+    if importlib.util.find_spec("syncbn") is not None:
+        return "apex.parallel with the optimized CUDA extension (syncbn)"
+    return "apex.parallel, Python fallback (no syncbn extension)"

@@ -1,0 +1,34 @@
+"""Errors a user can fix.
+
+Protocol: library code raises a subclass of :class:`HarnessError` for anything
+the user can act on (a bad option, a missing compiler, an unwritable store),
+with a message that names the value and the fix. The CLI catches
+``HarnessError`` once, prints the message and exits with the error's
+``exit_code``. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class HarnessError(Exception):
+    """Base of every error a user can fix; ``exit_code`` is what ``run`` exits with."""
+
+    exit_code = 3
+
+
+class UsageError(HarnessError):
+    """Unknown case or implementation, bad option value (exit 2)."""
+
+    exit_code = 2
+
+
+class KernelBuildError(HarnessError):
+    """The reference extension could not be built or loaded (no compiler, compile error)."""
+
+    exit_code = 3
+
+
+class ImplUnavailable(HarnessError):
+    """An implementation cannot be used here (not installed, fails to import)."""
+
+    exit_code = 3

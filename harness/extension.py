@@ -1,0 +1,238 @@
+"""Build and load the reference extension in ``kernels/``.
+
+Protocol:
+- :func:`load` makes ``torch.ops.syncbn_ref`` available in this process. It
+  builds on first use and loads the cached shared library afterwards.
+- The cache directory is keyed by everything that makes a binary valid: torch
+  version, torch git commit, CUDA version, whether CUDA sources are included
+  (and for which architectures), the compiler flags and a hash of the sources.
+  A different torch build never loads a stale binary.
+- A file lock per key serializes builders, so parallel workers (ranks,
+  pytest-xdist) build once; the others wait and then load.
+- Failures raise :class:`KernelBuildError` naming the cause and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import KernelBuildError
+
+EXT_CFLAGS = ["-O3"]
+EXT_CUDA_CFLAGS = ["-O3"]
+DEFAULT_CUDA_ARCHS = "8.0;9.0"
+LOCK_TIMEOUT_S = 1800  # a CUDA build on two cores takes minutes, never half an hour
+
+_loaded: dict[str, Path] = {}
+
+
+def cache_root() -> Path:
+    """Where built extensions live: ``$SYNCBN_HARNESS_CACHE`` or ``~/.cache/syncbn-harness``."""
+    env = os.environ.get("SYNCBN_HARNESS_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "syncbn-harness"
+
+
+def find_cuda_home() -> Path | None:
+    """The CUDA toolkit's real folder: ``$CUDA_HOME``, else where ``nvcc`` really lives.
+
+    ``nvcc`` on PATH may be a wrapper script outside the toolkit, so its folder
+    is asked from nvcc itself (``--dryrun`` prints ``_HERE_``).
+    """
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        value = os.environ.get(var)
+        if value and (Path(value) / "bin" / "nvcc").exists():
+            return Path(value)
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        return None
+    try:
+        out = subprocess.run(
+            [nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+            capture_output=True, text=True, timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in (out.stdout + out.stderr).splitlines():
+        if line.startswith("#$ _HERE_="):
+            return Path(line.split("=", 1)[1].strip()).resolve().parent
+    return Path(nvcc).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    """What one build of the extension is made of; ``key`` names its cache folder."""
+
+    with_cuda: bool
+    cuda_archs: str | None
+
+    @property
+    def sources(self) -> list[Path]:
+        from harness import kernels
+
+        srcs = list(kernels.SCHEMA_SOURCES) + list(kernels.CPU_SOURCES)
+        if self.with_cuda:
+            srcs += list(kernels.CUDA_SOURCES)
+        return srcs
+
+    @property
+    def key(self) -> str:
+        import torch
+
+        from harness import kernels
+
+        h = hashlib.sha256()
+        for part in (
+            torch.__version__,
+            str(torch.version.git_version),
+            str(torch.version.cuda),
+            f"cuda={self.with_cuda}:{self.cuda_archs}",
+            " ".join(EXT_CFLAGS + EXT_CUDA_CFLAGS),
+            sys.version.split()[0],
+        ):
+            h.update(part.encode() + b"\0")
+        for path in sorted(set(self.sources) | set(kernels.HEADERS)):
+            h.update(path.name.encode() + b"\0" + path.read_bytes())
+        return h.hexdigest()[:16]
+
+    @property
+    def name(self) -> str:
+        return f"syncbn_ref_{self.key}"
+
+    @property
+    def directory(self) -> Path:
+        return cache_root() / "kernels" / self.key
+
+    @property
+    def library(self) -> Path:
+        return self.directory / f"{self.name}.so"
+
+
+def default_spec(cuda: bool | None = None, cuda_archs: str | None = None) -> BuildSpec:
+    """The build to use here: CUDA sources only when asked for or a GPU is present."""
+    import torch
+
+    if cuda is None:
+        cuda = torch.cuda.is_available()
+    if cuda and torch.version.cuda is None:
+        raise KernelBuildError(
+            f"CUDA kernels requested, but torch {torch.__version__} is a CPU-only build: "
+            "install a CUDA build of torch, or build without --cuda"
+        )
+    archs = None
+    if cuda:
+        archs = cuda_archs or os.environ.get("TORCH_CUDA_ARCH_LIST") or (
+            None if torch.cuda.is_available() else DEFAULT_CUDA_ARCHS
+        )
+    return BuildSpec(with_cuda=bool(cuda), cuda_archs=archs)
+
+
+def state(spec: BuildSpec | None = None) -> str:
+    """One line for ``env``: whether the extension for this build is cached."""
+    spec = spec or default_spec()
+    if spec.library.exists():
+        return f"built ({spec.library})"
+    return f"not built yet (builds on first use into {spec.directory})"
+
+
+def _check_toolchain(spec: BuildSpec) -> None:
+    cxx = os.environ.get("CXX", "c++")
+    if shutil.which(cxx) is None:
+        raise KernelBuildError(
+            f"no C++ compiler: '{cxx}' is not on PATH; install one (Debian: apt-get install g++) "
+            "or set CXX to a compiler"
+        )
+    try:
+        import ninja  # noqa: F401
+    except ImportError:
+        if shutil.which("ninja") is None:
+            raise KernelBuildError("ninja is missing: pip install ninja") from None
+    if spec.with_cuda and find_cuda_home() is None:
+        raise KernelBuildError(
+            "CUDA kernels requested but no CUDA toolkit found: put nvcc on PATH or set CUDA_HOME "
+            "to the toolkit folder"
+        )
+
+
+def build(spec: BuildSpec | None = None, *, verbose: bool = False) -> Path:
+    """Build (if needed) and load the extension; return the shared library's path."""
+    import torch
+
+    spec = spec or default_spec()
+    if spec.key in _loaded:
+        return _loaded[spec.key]
+    from filelock import FileLock, Timeout
+
+    spec.directory.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(spec.directory) + ".lock")
+    try:
+        with lock.acquire(timeout=LOCK_TIMEOUT_S):
+            if not spec.library.exists():
+                _compile(spec, verbose=verbose)
+    except Timeout:
+        raise KernelBuildError(
+            f"waited {LOCK_TIMEOUT_S}s for another process building {spec.directory}; "
+            f"if none is running, delete {lock.lock_file}"
+        ) from None
+    try:
+        torch.ops.load_library(str(spec.library))
+    except OSError as exc:
+        raise KernelBuildError(
+            f"built extension {spec.library} does not load ({exc}); delete {spec.directory} to rebuild"
+        ) from exc
+    _loaded[spec.key] = spec.library
+    return spec.library
+
+
+def _compile(spec: BuildSpec, *, verbose: bool) -> None:
+    _check_toolchain(spec)
+    import torch.utils.cpp_extension as cpp
+
+    env_backup = {k: os.environ.get(k) for k in ("CUDA_HOME", "TORCH_CUDA_ARCH_LIST", "MAX_JOBS")}
+    try:
+        if spec.with_cuda:
+            cuda_home = str(find_cuda_home())
+            os.environ["CUDA_HOME"] = cuda_home
+            cpp.CUDA_HOME = cuda_home  # read at import time from PATH, which may hold a wrapper
+            if spec.cuda_archs:
+                os.environ["TORCH_CUDA_ARCH_LIST"] = spec.cuda_archs
+        os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 1))
+        cpp.load(
+            name=spec.name,
+            sources=[str(s) for s in spec.sources],
+            extra_cflags=EXT_CFLAGS,
+            extra_cuda_cflags=EXT_CUDA_CFLAGS if spec.with_cuda else None,
+            build_directory=str(spec.directory),
+            with_cuda=spec.with_cuda,
+            is_python_module=False,
+            verbose=verbose,
+        )
+    except (RuntimeError, subprocess.CalledProcessError, OSError) as exc:
+        detail = str(exc).strip().splitlines()
+        tail = "\n".join(detail[-25:])
+        raise KernelBuildError(
+            f"building the reference kernels failed in {spec.directory}:\n{tail}\n"
+            "fix: check the compiler output above (run `syncbn-harness build-kernels --verbose` for all of it); "
+            "a compiler or CUDA toolkit that does not match this torch build is the usual cause"
+        ) from exc
+    finally:
+        for k, v in env_backup.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    if not spec.library.exists():
+        raise KernelBuildError(f"the build finished but {spec.library} is missing; delete {spec.directory} and retry")
+
+
+def load() -> None:
+    """Make ``torch.ops.syncbn_ref`` usable in this process (builds once per torch build)."""
+    build()

@@ -1,0 +1,157 @@
+"""Implementations under test: a registry of adapters, resolved by name.
+
+Protocol: an adapter is a small class (subclass of :class:`Impl`) that says
+what it supports (:class:`Capabilities`), checks that it can run here
+(``check_available`` raises :class:`ImplUnavailable` with the reason), prepares
+a rank process once (``setup_rank``) and builds one module per rank
+(``build``). Built-in adapters register with :func:`register`; a name of the
+form ``MODULE:ATTR`` is a plugin (:mod:`harness.impls.plugin`), and the entry
+point group ``syncbn_harness.impls`` adds named plugins.
+
+Adapters are resolved by name in every process (parent and ranks), so only
+names cross process boundaries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from harness.case import Case
+from harness.errors import UsageError
+
+_REGISTRY: dict[str, Callable[[], "Impl"]] = {}
+ENTRY_POINT_GROUP = "syncbn_harness.impls"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an implementation declares it can run; anything else is ``unsupported``."""
+
+    devices: frozenset = frozenset({"cpu", "cuda"})
+    dtypes: frozenset = frozenset({"float16", "bfloat16", "float32", "float64"})
+    param_dtypes: frozenset = frozenset({"float16", "bfloat16", "float32", "float64"})
+    memory_formats: frozenset = frozenset({"contiguous", "channels_last", "channels_last_3d"})
+    ndims: frozenset = frozenset({2, 3, 4, 5})
+    subgroups: bool = True
+    momentum_none: bool = True
+    affine_off: bool = True
+    no_running_stats: bool = True
+    empty_ranks: bool = True
+    mixed_dtypes: bool = True  # input dtype differing from parameter dtype
+    convert: bool = True  # conversion of a whole model (convert_sync_batchnorm or similar)
+
+    def to_dict(self) -> dict:
+        return {k: sorted(v) if isinstance(v, frozenset) else v for k, v in self.__dict__.items()}
+
+
+class Impl:
+    """Base adapter. Subclasses set ``name``, ``capabilities`` and implement ``build``."""
+
+    name: str = ""
+    mode: Optional[str] = None
+    capabilities: Capabilities = Capabilities()
+
+    @property
+    def key(self) -> str:
+        """What :func:`resolve` takes to rebuild this adapter in another process."""
+        return self.name
+
+    def version(self) -> Optional[str]:
+        return None
+
+    def check_available(self) -> None:
+        """Raise :class:`harness.errors.ImplUnavailable` with the reason if this cannot run here."""
+
+    def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
+        """Why this implementation cannot run ``case`` on ``device``, or None."""
+        cap = self.capabilities
+        checks = [
+            (device in cap.devices, f"device {device} (supports {', '.join(sorted(cap.devices))})"),
+            (case.dtype in cap.dtypes, f"input dtype {case.dtype}"),
+            (case.param_dtype in cap.param_dtypes, f"parameter dtype {case.param_dtype}"),
+            (cap.mixed_dtypes or case.dtype == case.param_dtype,
+             f"input dtype {case.dtype} with parameters in {case.param_dtype}"),
+            (case.memory_format in cap.memory_formats, f"memory format {case.memory_format}"),
+            (case.ndim in cap.ndims, f"{case.ndim}-D input"),
+            (cap.subgroups or not case.groups, "process subgroups"),
+            (cap.momentum_none or case.momentum is not None, "momentum=None"),
+            (cap.affine_off or case.affine, "affine=False"),
+            (cap.no_running_stats or case.track_running_stats, "track_running_stats=False"),
+            (cap.empty_ranks or min(case.batch_sizes) > 0, "an empty batch on a rank"),
+        ]
+        missing = [what for ok, what in checks if not ok]
+        if missing:
+            return f"{self.name} does not support " + "; ".join(missing)
+        return None
+
+    def setup_rank(self, device: str) -> None:
+        """Prepare a rank process once, before its first case (e.g. load kernels)."""
+
+    def build(self, case: Case, process_group, device: str):
+        """Return one ``nn.Module`` for this rank, with ``torch.nn.SyncBatchNorm``'s semantics."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        """Name, mode, version, availability and capabilities, for ``list impls``."""
+        try:
+            self.check_available()
+            state, reason = "available", None
+        except Exception as exc:  # noqa: BLE001 - any failure to load is the reason it is unavailable
+            state, reason = "unavailable", str(exc)
+        return {"name": self.name, "state": state, "reason": reason, "mode": self.mode,
+                "version": _safe(self.version), **self.capabilities.to_dict()}
+
+
+def _safe(fn):
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 - a version we cannot read is reported as unknown
+        return None
+
+
+def register(name: str):
+    """Class decorator: register an adapter under ``name`` (a duplicate raises)."""
+
+    def deco(cls):
+        if name in _REGISTRY:
+            raise ValueError(f"implementation {name!r} is registered twice")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def builtin_names() -> list[str]:
+    _load_builtins()
+    return list(_REGISTRY)
+
+
+def _load_builtins() -> None:
+    from harness.impls import reference  # noqa: F401  (registers on import)
+
+
+def _entry_points() -> dict:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def known_names() -> list[str]:
+    return builtin_names() + sorted(n for n in _entry_points() if n not in _REGISTRY)
+
+
+def resolve(name: str) -> Impl:
+    """The adapter for ``name``: a built-in, a registered plugin, or ``MODULE:ATTR``."""
+    _load_builtins()
+    if name in _REGISTRY:
+        return _REGISTRY[name]()
+    from harness.impls.plugin import PluginImpl
+
+    eps = _entry_points()
+    if name in eps:
+        return PluginImpl(eps[name].value, display_name=name)
+    if ":" in name:
+        return PluginImpl(name)
+    raise UsageError(f"unknown impl {name!r}: choose one of {', '.join(known_names())}, or MODULE:ATTR")

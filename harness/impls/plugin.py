@@ -1,0 +1,71 @@
+"""Plugins: ``MODULE:ATTR``, an ``nn.Module`` class or factory with SyncBatchNorm's constructor.
+
+The constructor signature is ``(num_features, eps=1e-5, momentum=0.1,
+affine=True, track_running_stats=True, process_group=None)``. The harness builds
+one instance per rank, moves it to the case's device and parameter dtype, and
+calls ``forward(input)``. A plugin may set a ``name`` attribute for display,
+and ``capabilities`` (a :class:`harness.impls.Capabilities`) to declare limits.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Optional
+
+from harness.case import Case
+from harness.errors import ImplUnavailable, UsageError
+from harness.impls import Capabilities, Impl
+
+
+class PluginImpl(Impl):
+    def __init__(self, spec: str, display_name: Optional[str] = None):
+        module, sep, attr = spec.partition(":")
+        if not sep or not module or not attr:
+            raise UsageError(f"plugin {spec!r} must be MODULE:ATTR, e.g. mypkg.syncbn:SyncBatchNorm")
+        self.spec = spec
+        self.module_name, self.attr = module, attr
+        self.name = display_name or spec
+        self._key = display_name or spec
+        self._factory = None
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    def _load(self):
+        if self._factory is None:
+            try:
+                mod = importlib.import_module(self.module_name)
+            except BaseException as exc:  # noqa: BLE001 - a plugin may fail to import in any way
+                raise ImplUnavailable(
+                    f"plugin {self.spec!r}: importing module {self.module_name!r} failed: "
+                    f"{type(exc).__name__}: {exc} (is it on PYTHONPATH?)") from None
+            try:
+                factory = getattr(mod, self.attr)
+            except AttributeError:
+                raise ImplUnavailable(f"plugin {self.spec!r}: module {self.module_name!r} has no "
+                                      f"attribute {self.attr!r}") from None
+            self._factory = factory
+            caps = getattr(factory, "capabilities", None)
+            if isinstance(caps, Capabilities):
+                self.capabilities = caps
+            display = getattr(factory, "name", None)
+            if isinstance(display, str) and display and self.name == self.spec:
+                self.name = display
+        return self._factory
+
+    def version(self) -> Optional[str]:
+        mod = importlib.import_module(self.module_name)
+        return getattr(mod, "__version__", None)
+
+    def check_available(self) -> None:
+        self._load()
+
+    def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
+        self._load()
+        return super().unsupported_reason(case, device)
+
+    def build(self, case: Case, process_group, device: str):
+        factory = self._load()
+        return factory(case.channels, eps=case.eps, momentum=case.momentum, affine=case.affine,
+                       track_running_stats=case.track_running_stats, process_group=process_group)

@@ -1,0 +1,185 @@
+"""The float64 ground truth of synchronized batch normalization.
+
+Everything is computed on CPU in float64 from the inputs exactly as an
+implementation sees them (already rounded to the input dtype), with the
+closed-form batch-norm formulas over the *global* batch: each process group's
+ranks' inputs taken together, per channel, over every rank's (N, spatial)
+elements. Ranks may differ in batch size (including 0) and in spatial size.
+
+Per step of a case:
+- ``train``: batch statistics of the group; running_mean/running_var updated
+  with ``momentum`` (or the cumulative average when ``momentum`` is None) and
+  the *unbiased* variance of the global count; num_batches_tracked += 1.
+- ``eval``: running statistics, no synchronization. When the module tracks no
+  running statistics, eval normalizes with each rank's own batch statistics,
+  as ``torch.nn.SyncBatchNorm`` (and plain BatchNorm in each process) does.
+
+Buffers and parameters live in the parameter dtype: after every update the
+running statistics are rounded to it, because every implementation has to
+store them there. Nothing else is rounded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class StepTruth:
+    """Exact results of one step, one entry per rank where the quantity is per rank."""
+
+    kind: str
+    output: list[Tensor]
+    grad_input: list[Tensor]
+    grad_weight: list[Optional[Tensor]]  # each rank's local share (None when affine is off)
+    grad_bias: list[Optional[Tensor]]
+    grad_weight_sum: Optional[Tensor]  # the sum of the shares over all ranks
+    grad_bias_sum: Optional[Tensor]
+    running_mean: list[Optional[Tensor]]  # after the step (None when not tracked)
+    running_var: list[Optional[Tensor]]
+    num_batches_tracked: list[Optional[int]]
+    # Per rank: the mean and 1/std used to normalize (for tolerances).
+    mean: list[Tensor] = field(default_factory=list)
+    invstd: list[Tensor] = field(default_factory=list)
+    count: list[int] = field(default_factory=list)
+
+
+def _flat(x: Tensor) -> Tensor:
+    """(N, C, *S) -> (C, N*prod(S)) in float64."""
+    c = x.shape[1]
+    return x.detach().to(torch.float64).transpose(0, 1).reshape(c, -1)
+
+
+def _bcast(v: Tensor, like: Tensor) -> Tensor:
+    return v.view(1, -1, *([1] * (like.dim() - 2)))
+
+
+def _normalize(x: Tensor, dy: Tensor, mean: Tensor, invstd: Tensor, w: Tensor, b: Tensor,
+               count: int, sum_dy: Tensor, sum_dy_xmu: Tensor, training: bool):
+    """Forward output and input gradient of one rank (all float64)."""
+    x64 = x.detach().to(torch.float64)
+    dy64 = dy.detach().to(torch.float64)
+    xmu = x64 - _bcast(mean, x64)
+    out = xmu * _bcast(invstd * w, x64) + _bcast(b, x64)
+    if training:
+        grad_mean = sum_dy / count
+        proj = sum_dy_xmu / count * invstd * invstd
+        gin = (dy64 - _bcast(grad_mean, x64) - xmu * _bcast(proj, x64)) * _bcast(invstd * w, x64)
+    else:
+        gin = dy64 * _bcast(invstd * w, x64)
+    return out, gin
+
+
+def run_oracle(
+    inputs: Sequence[Sequence[Tensor]],
+    grad_outputs: Sequence[Sequence[Tensor]],
+    steps: Sequence[str],
+    *,
+    num_features: int,
+    eps: float = 1e-5,
+    momentum: Optional[float] = 0.1,
+    affine: bool = True,
+    track_running_stats: bool = True,
+    weight: Optional[Tensor] = None,
+    bias: Optional[Tensor] = None,
+    param_dtype: torch.dtype = torch.float32,
+    running_mean: Optional[Tensor] = None,
+    running_var: Optional[Tensor] = None,
+    groups: Optional[Sequence[Sequence[int]]] = None,
+) -> list[StepTruth]:
+    """Exact results of every step of a case.
+
+    ``inputs[s][r]`` and ``grad_outputs[s][r]`` are rank ``r``'s tensors at step
+    ``s``; ``groups`` partitions the ranks into process groups (default: one
+    group of all ranks). ``weight``/``bias`` are the initial affine parameters
+    (default ones/zeros), ``running_mean``/``running_var`` the initial buffers
+    (default zeros/ones).
+    """
+    if len(inputs) != len(steps) or len(grad_outputs) != len(steps):
+        raise ValueError(f"need one input list and one grad list per step: {len(steps)} steps, "
+                         f"{len(inputs)} inputs, {len(grad_outputs)} grads")
+    world = len(inputs[0])
+    groups = [list(g) for g in (groups or [list(range(world))])]
+    if sorted(r for g in groups for r in g) != list(range(world)):
+        raise ValueError(f"groups {groups} must partition ranks 0..{world - 1}")
+    C = num_features
+    f64 = torch.float64
+    w = (weight.detach().to(f64) if weight is not None else torch.ones(C, dtype=f64)) if affine else torch.ones(C, dtype=f64)
+    b = (bias.detach().to(f64) if bias is not None else torch.zeros(C, dtype=f64)) if affine else torch.zeros(C, dtype=f64)
+
+    def buffer(v: Optional[Tensor], default: float) -> Tensor:
+        t = v.detach().to(f64) if v is not None else torch.full((C,), default, dtype=f64)
+        return t.to(param_dtype).to(f64)
+
+    # Buffers per rank: ranks of different groups track different statistics.
+    rm = [buffer(running_mean, 0.0) for _ in range(world)] if track_running_stats else [None] * world
+    rv = [buffer(running_var, 1.0) for _ in range(world)] if track_running_stats else [None] * world
+    nbt = [0] * world if track_running_stats else [None] * world
+
+    truths = []
+    for s, kind in enumerate(steps):
+        if kind not in ("train", "eval"):
+            raise ValueError(f"unknown step {kind!r}: steps are 'train' or 'eval'")
+        xs, dys = inputs[s], grad_outputs[s]
+        out: list = [None] * world
+        gin: list = [None] * world
+        gw: list = [None] * world
+        gb: list = [None] * world
+        means: list = [None] * world
+        invstds: list = [None] * world
+        counts: list = [0] * world
+        use_batch = kind == "train" or not track_running_stats
+        for group in groups:
+            sync = kind == "train"
+            # Statistics: over the whole group in training, per rank when eval lacks buffers.
+            units = [group] if sync else [[r] for r in group]
+            for unit in units:
+                flat = torch.cat([_flat(xs[r]) for r in unit], dim=1)
+                n = flat.shape[1]
+                if use_batch:
+                    mean = flat.mean(dim=1) if n else torch.zeros(C, dtype=f64)
+                    var = ((flat - mean[:, None]) ** 2).sum(dim=1) / n if n else torch.full((C,), float("nan"), dtype=f64)
+                else:
+                    mean, var = rm[unit[0]], rv[unit[0]]
+                invstd = 1.0 / torch.sqrt(var + eps)
+                dflat = torch.cat([_flat(dys[r]) for r in unit], dim=1)
+                xmu = flat - mean[:, None]
+                sum_dy = dflat.sum(dim=1)
+                sum_dy_xmu = (dflat * xmu).sum(dim=1)
+                for r in unit:
+                    out[r], gin[r] = _normalize(xs[r], dys[r], mean, invstd, w, b, n, sum_dy, sum_dy_xmu,
+                                                training=use_batch)
+                    means[r], invstds[r], counts[r] = mean, invstd, n
+                    if affine:
+                        xr = _flat(xs[r])
+                        dr = _flat(dys[r])
+                        gw[r] = (dr * (xr - mean[:, None])).sum(dim=1) * invstd
+                        gb[r] = dr.sum(dim=1)
+                if kind == "train" and track_running_stats:
+                    for r in unit:
+                        nbt[r] += 1
+                        factor = 1.0 / nbt[r] if momentum is None else momentum
+                        unbiased = var * n / (n - 1) if n > 1 else torch.full((C,), float("inf"), dtype=f64)
+                        rm[r] = ((1 - factor) * rm[r] + factor * mean).to(param_dtype).to(f64)
+                        rv[r] = ((1 - factor) * rv[r] + factor * unbiased).to(param_dtype).to(f64)
+        truths.append(StepTruth(
+            kind=kind,
+            output=out,
+            grad_input=gin,
+            grad_weight=gw,
+            grad_bias=gb,
+            grad_weight_sum=torch.stack(gw).sum(0) if affine else None,
+            grad_bias_sum=torch.stack(gb).sum(0) if affine else None,
+            running_mean=[t.clone() if t is not None else None for t in rm],
+            running_var=[t.clone() if t is not None else None for t in rv],
+            num_batches_tracked=list(nbt),
+            mean=means,
+            invstd=invstds,
+            count=counts,
+        ))
+    return truths

@@ -1,0 +1,162 @@
+"""Run a selection: (case x implementation) through warm pools, one record each.
+
+:func:`run_selection` is the plain function behind ``run``, ``check`` and the
+pytest plugin. It yields records as cases finish, so callers can store and
+print them one by one. Cases are grouped by world size; one pool per world
+size is started when first needed and closed when its cases are done (or on
+any exception, Ctrl-C included).
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Iterator, Optional
+
+from harness.buildinfo import BuildInfo, build_info
+from harness.case import Case
+from harness.errors import ImplUnavailable, UsageError
+from harness.impls import Impl, builtin_names, resolve
+from harness.pool import Pool, TaskOutcome
+from harness.records import PEER_FAILED, RankOutcome, Record, Status
+from harness.worker import judge_sums
+
+DEFAULT_TIMEOUT_S = 120.0
+
+
+@dataclass
+class RunOptions:
+    """How to run: device, backend and the per-case time limit."""
+
+    device: str = "cpu"
+    backend: Optional[str] = None
+    timeout: float = DEFAULT_TIMEOUT_S
+    on_pool_start: Optional[Callable[[Pool], None]] = field(default=None, repr=False)
+
+    @property
+    def resolved_backend(self) -> str:
+        return self.backend or ("nccl" if self.device == "cuda" else "gloo")
+
+
+def default_impls() -> list[str]:
+    """Every built-in implementation (those absent here are recorded as skipped)."""
+    return builtin_names()
+
+
+def resolve_impls(names: Iterable[str]) -> list[Impl]:
+    """Adapters for ``names``; a plugin that cannot be imported is an error, not a skip."""
+    impls = []
+    for name in names:
+        impl = resolve(name)
+        if name not in builtin_names():
+            impl.check_available()  # raises ImplUnavailable naming the module and the exception
+        impls.append(impl)
+    if len({i.name for i in impls}) != len(impls):
+        raise UsageError(f"an implementation is selected twice: {[i.name for i in impls]}")
+    return impls
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _record(case: Case, impl: Impl, info: BuildInfo, opts: RunOptions, status: Status, message: str,
+            **kw) -> Record:
+    return Record(case=case.id, family=case.family, params=case.params(), impl=impl.name, status=status,
+                  message=message, impl_version=kw.pop("impl_version", None) or _safe_version(impl),
+                  mode=kw.pop("mode", None) or impl.mode, torch_version=info.torch_version,
+                  torch_git_version=info.torch_git_version, cuda_version=info.cuda_version, device=opts.device,
+                  backend=opts.resolved_backend, world_size=case.world_size, host=info.host,
+                  started_at=kw.pop("started_at", None) or _now(), **kw)
+
+
+def _safe_version(impl: Impl) -> Optional[str]:
+    try:
+        return impl.version()
+    except Exception:  # noqa: BLE001 - an unreadable version is not a failure of the case
+        return None
+
+
+def run_selection(cases: list[Case], impls: list[Impl], opts: RunOptions,
+                  info: Optional[BuildInfo] = None) -> Iterator[Record]:
+    """Yield one record per (case, impl), running what can run in warm pools."""
+    info = info or build_info()
+    unavailable: dict[str, str] = {}
+    for impl in impls:
+        try:
+            impl.check_available()
+        except ImplUnavailable as exc:
+            unavailable[impl.name] = str(exc)
+    if opts.device == "cuda" and not info.cuda_available:
+        for impl in impls:
+            unavailable.setdefault(impl.name, "no CUDA device on this machine")
+    runnable = [i for i in impls if i.name not in unavailable]
+    by_ws: dict[int, list[Case]] = {}
+    for case in cases:
+        by_ws.setdefault(case.world_size, []).append(case)
+    for ws in sorted(by_ws):
+        pool: Optional[Pool] = None
+        try:
+            for case in by_ws[ws]:
+                for impl in impls:
+                    if impl.name in unavailable:
+                        yield _record(case, impl, info, opts, Status.SKIPPED, unavailable[impl.name])
+                        continue
+                    reason = impl.unsupported_reason(case, opts.device)
+                    if reason:
+                        yield _record(case, impl, info, opts, Status.UNSUPPORTED, reason)
+                        continue
+                    if pool is None:
+                        pool = Pool(ws, backend=opts.resolved_backend, device=opts.device,
+                                    setup_impls=tuple(i.key for i in runnable))
+                    started = _now()
+                    t0 = time.perf_counter()
+                    if not pool.alive:
+                        pool.start()
+                        if opts.on_pool_start:
+                            opts.on_pool_start(pool)
+                    outcome = pool.run({"case": case.to_dict(), "impl": impl.key, "device": opts.device},
+                                       timeout=opts.timeout)
+                    yield _from_outcome(case, impl, info, opts, outcome, started, time.perf_counter() - t0)
+        finally:
+            if pool is not None:
+                pool.close()
+
+
+def _from_outcome(case: Case, impl: Impl, info: BuildInfo, opts: RunOptions, outcome: TaskOutcome,
+                  started: str, duration: float) -> Record:
+    results = [r for r in outcome.results if r is not None]
+    metrics: dict = {}
+    for res in results:
+        for name, m in res.get("metrics", {}).items():
+            metrics[f"rank{res['rank']}.{name}"] = m
+    status = outcome.status
+    message = _message(outcome.ranks)
+    if status == Status.PASS or status == Status.MISMATCH:
+        if len(results) == case.world_size and case.affine:
+            sum_metrics, problems = judge_sums(results)
+            metrics.update(sum_metrics)
+            if problems:
+                status = Status.MISMATCH
+                message = "; ".join(filter(None, [message, *problems[:3]]))
+    first = results[0] if results else {}
+    return _record(case, impl, info, opts, status, message, ranks=outcome.ranks, metrics=metrics,
+                   duration_s=round(duration, 4), started_at=started, impl_version=first.get("impl_version"),
+                   mode=first.get("mode"))
+
+
+def _message(ranks: list[RankOutcome]) -> str:
+    """Who did what, culprits first: ``rank 1: crash (killed by SIGSEGV)``."""
+    parts = []
+    for o in ranks:
+        if o.status in (Status.PASS.value, PEER_FAILED):
+            continue
+        what = o.message.splitlines()[0] if o.message else ""
+        if o.exception_type:
+            what = f"{o.exception_type}: {what}"
+        parts.append(f"rank {o.rank}: {o.status}" + (f" ({what})" if what else ""))
+    peers = [o.rank for o in ranks if o.status == PEER_FAILED]
+    if peers:
+        parts.append(f"ranks {peers} {PEER_FAILED}")
+    return "; ".join(parts)[:2000]

@@ -1,0 +1,177 @@
+"""What a rank does with one task: build the module, run the steps, judge.
+
+Protocol: :func:`run_task` takes a task (plain dict: ``case``, ``impl``,
+``device``) and returns a plain dict, never a tensor or an exception object:
+
+    {"rank", "status": "pass" | "mismatch" | "error", "message",
+     "exception_type", "traceback", "metrics": {tensor name: metric dict},
+     "shares": {step: {"grad_weight": [...], "grad_bias": [...]}},
+     "sum_truth": {step: {"grad_weight": {"true": [...], "tol": [...]}, ...}}  (rank 0)
+     "impl_version", "mode", "duration_s"}
+
+Every rank regenerates the case's inputs from its seed and computes the
+float64 oracle itself, so nothing but names and numbers crosses processes.
+Each rank judges its own tensors; the parent judges the sums of the
+grad_weight/grad_bias shares over ranks (:func:`judge_sums`).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Optional
+
+import torch
+
+from harness import compare
+from harness.case import DTYPES, Case, materialize
+from harness.impls import Impl, resolve
+from harness.oracle import run_oracle
+
+
+class RankContext:
+    """Per-process state kept between tasks: adapters already set up, subgroups already made."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank = rank
+        self.world_size = world_size
+        self._impls: dict[str, Impl] = {}
+        self._groups: dict[tuple, list] = {}
+
+    def impl(self, key: str, device: str) -> Impl:
+        if key not in self._impls:
+            impl = resolve(key)
+            impl.setup_rank(device)
+            self._impls[key] = impl
+        return self._impls[key]
+
+    def process_group(self, case: Case):
+        """The process group of this rank for ``case`` (None: the default group)."""
+        if not case.groups:
+            return None
+        import torch.distributed as dist
+
+        key = tuple(tuple(g) for g in case.groups)
+        if key not in self._groups:
+            # new_group is collective over the whole world: every rank creates every group, in order.
+            self._groups[key] = [dist.new_group(list(g)) for g in key]
+        for ranks, pg in zip(key, self._groups[key]):
+            if self.rank in ranks:
+                return pg
+        raise ValueError(f"rank {self.rank} is in no group of {key}")
+
+
+def run_task(ctx: RankContext, task: dict) -> dict:
+    """Run one (case, impl) on this rank and judge it; never raises."""
+    t0 = time.perf_counter()
+    result: dict = {"rank": ctx.rank, "status": "error", "message": "", "exception_type": None,
+                    "traceback": None, "metrics": {}, "shares": {}, "sum_truth": {}}
+    try:
+        case = Case.from_dict(task["case"])
+        device = task.get("device", "cpu")
+        impl = ctx.impl(task["impl"], device)
+        result["impl_version"] = impl.version()
+        result["mode"] = impl.mode
+        _execute(ctx, case, impl, device, result)
+    except BaseException as exc:  # noqa: BLE001 - a rank reports every failure as data
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        result.update(status="error", exception_type=type(exc).__name__, message=str(exc)[:2000],
+                      traceback=traceback.format_exc()[-8000:])
+    result["duration_s"] = time.perf_counter() - t0
+    return result
+
+
+def _execute(ctx: RankContext, case: Case, impl: Impl, device: str, result: dict) -> None:
+    rank = ctx.rank
+    torch.manual_seed(case.seed)
+    data = materialize(case)
+    truths = run_oracle(
+        data.inputs, data.grad_outputs, case.steps, num_features=case.channels, eps=case.eps,
+        momentum=case.momentum, affine=case.affine, track_running_stats=case.track_running_stats,
+        weight=data.weight, bias=data.bias, param_dtype=DTYPES[case.param_dtype],
+        running_mean=data.running_mean, running_var=data.running_var, groups=case.groups)
+    pdtype = DTYPES[case.param_dtype]
+    module = impl.build(case, ctx.process_group(case), device)
+    module = module.to(device=device, dtype=pdtype)
+    with torch.no_grad():
+        if case.affine:
+            module.weight.copy_(data.weight)
+            module.bias.copy_(data.bias)
+        if case.track_running_stats:
+            module.running_mean.copy_(data.running_mean)
+            module.running_var.copy_(data.running_var)
+    observed = []
+    for s, kind in enumerate(case.steps):
+        module.train(kind == "train")
+        x = data.inputs[s][rank].to(device).detach().clone().requires_grad_(True)
+        dy = data.grad_outputs[s][rank].to(device)
+        y = module(x)
+        y.backward(dy)
+        observed.append({
+            "output": y.detach().cpu(),
+            "grad_input": _cpu(x.grad),
+            "grad_weight": _cpu(getattr(module.weight, "grad", None)) if case.affine else None,
+            "grad_bias": _cpu(getattr(module.bias, "grad", None)) if case.affine else None,
+            "running_mean": _cpu(module.running_mean) if case.track_running_stats else None,
+            "running_var": _cpu(module.running_var) if case.track_running_stats else None,
+            "num_batches_tracked": int(module.num_batches_tracked) if case.track_running_stats else None,
+        })
+        if case.affine:
+            result["shares"][str(s)] = {
+                "grad_weight": _as_list(observed[-1]["grad_weight"], case.channels),
+                "grad_bias": _as_list(observed[-1]["grad_bias"], case.channels),
+            }
+            if rank == 0:
+                result["sum_truth"][str(s)] = {
+                    which: {"true": getattr(truths[s], f"{which}_sum").tolist(),
+                            "tol": (compare.K * compare.sum_budget(case, data, truths, s, which)).tolist()}
+                    for which in ("grad_weight", "grad_bias")}
+        module.zero_grad(set_to_none=True)
+    metrics = compare.judge_rank(case, rank, data, truths, observed)
+    result["metrics"] = {name: m.to_dict() for name, m in metrics}
+    bad = [(name, m) for name, m in metrics if not m.ok]
+    if bad:
+        result["status"] = "mismatch"
+        result["message"] = "; ".join(_describe(name, m) for name, m in bad[:4]) + (
+            f" (+{len(bad) - 4} more)" if len(bad) > 4 else "")
+    else:
+        result["status"] = "pass"
+
+
+def _cpu(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if t is None else t.detach().cpu().clone()
+
+
+def _as_list(t: Optional[torch.Tensor], n: int) -> list:
+    if t is None:
+        return [0.0] * n
+    return [float(v) for v in t.double().reshape(-1)]
+
+
+def _describe(name: str, m: compare.Metric) -> str:
+    if m.problem:
+        return f"{name}: {m.problem}"
+    return f"{name}: max abs err {m.max_abs_err:.3g} > tol {m.tol:.3g} ({m.ratio:.3g}x)"
+
+
+def judge_sums(results: list[dict]) -> tuple[dict, list[str]]:
+    """Compare the sum over ranks of grad_weight/grad_bias shares with the oracle's sum."""
+    metrics, problems = {}, []
+    truth_by_step = next((r.get("sum_truth") for r in results if r.get("sum_truth")), None)
+    if not truth_by_step:
+        return metrics, problems
+    for step, truth in truth_by_step.items():
+        for which, t in truth.items():
+            shares = [r["shares"][step][which] for r in results if step in r.get("shares", {})]
+            if len(shares) != len(results):
+                continue
+            got = torch.tensor(shares, dtype=torch.float64).sum(0)
+            true = torch.tensor(t["true"], dtype=torch.float64)
+            tol = torch.tensor(t["tol"], dtype=torch.float64)
+            m = compare.compare_tensor(f"{which}_sum", got, true, tol / compare.K)
+            name = f"step{step}.{which}_sum"
+            metrics[name] = m.to_dict()
+            if not m.ok:
+                problems.append(_describe(name, m))
+    return metrics, problems
