@@ -209,6 +209,24 @@ def check_exit_code(impls, case_patterns, exhaustive, device, backend, world_siz
         return EXIT_UNTESTABLE
 
 
+@cli.group()
+def bench():
+    """Benchmarks that print ratios against a baseline measured in the same run."""
+
+
+@bench.command("kernels")
+@click.option("--repeat", type=click.IntRange(min=1), default=7, help="Timed repetitions per figure (median).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
+def bench_kernels_cmd(repeat, fmt):
+    """CPU ops and reference fwd+bwd against torch's CPU batch_norm and a plain copy."""
+    from harness.bench import bench_kernels
+
+    echo = (lambda *a, **k: None) if fmt == "json" else click.echo
+    figures = bench_kernels(repeat=repeat, echo=echo)
+    if fmt == "json":
+        click.echo(json.dumps(figures, indent=2))
+
+
 def _terminate_on_sigterm() -> None:
     """SIGTERM unwinds like Ctrl-C, so every pool's `finally` reaps its ranks."""
 

@@ -189,6 +189,9 @@ def build(spec: BuildSpec | None = None, *, verbose: bool = False) -> Path:
             f"built extension {spec.library} does not load ({exc}); delete {spec.directory} to rebuild"
         ) from exc
     _loaded[spec.key] = spec.library
+    from harness.kernel_meta import register_fakes
+
+    register_fakes()
     return spec.library
 
 

@@ -235,7 +235,7 @@ class Pool:
         timed_out = bool(pending) and first_failure is None
         dumps = {r: self.dump_stack(r) for r in sorted(pending)}
         for r in pending:
-            in_collective = any(m in dumps[r] for m in COLLECTIVE_MARKERS)
+            in_collective = _in_collective(dumps[r])
             outcomes[r] = RankOutcome(rank=r, status=Status.HANG.value, stack_dump=dumps[r],
                                       message=f"no answer within {timeout:g}s")
             if first_failure is not None or in_collective:
@@ -259,8 +259,11 @@ class Pool:
         return TaskOutcome(status=status, ranks=list(outcomes), results=results, pool_broken=broken)
 
     def _blame_hang(self, outcomes, pending, dumps, timeout) -> None:
-        stuck_elsewhere = [r for r in pending if not any(m in dumps[r] for m in COLLECTIVE_MARKERS)]
+        stuck_elsewhere = [r for r in pending if not _in_collective(dumps[r])]
         if stuck_elsewhere:
+            for r in pending:
+                if r not in stuck_elsewhere:
+                    outcomes[r].message = f"waiting in a collective for ranks {sorted(stuck_elsewhere)}"
             return  # those ranks keep status hang; the ones in collectives wait for them
         finished = [o.rank for o in outcomes if o.rank not in pending]
         if finished:
@@ -322,6 +325,13 @@ class Pool:
         if self.logdir is None:
             return ""
         return _read_from(self.logdir / f"rank{r}.log", 0)[-limit:]
+
+
+def _in_collective(dump: str) -> bool:
+    """Whether the main thread of a faulthandler dump is inside a torch.distributed call."""
+    main = dump.split("Current thread", 1)[1] if "Current thread" in dump else dump
+    main = main.split("\n\n", 1)[0]
+    return any(m in main for m in COLLECTIVE_MARKERS)
 
 
 def _read_from(path: Path, offset: int) -> str:

@@ -420,8 +420,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward_reduce(const Tens
   const View v = view_of(x, fmt);
   const auto vmean = as_doubles(mean);
   const auto vinv = as_doubles(invstd);
-  TORCH_CHECK(static_cast<int64_t>(vmean.size()) == v.channels, "syncbn_ref: mean must have ", v.channels,
-              " elements, got ", vmean.size());
+  TORCH_CHECK(static_cast<int64_t>(vmean.size()) == v.channels && static_cast<int64_t>(vinv.size()) == v.channels,
+              "syncbn_ref: mean and invstd must have ", v.channels, " elements, got ", vmean.size(), " and ",
+              vinv.size());
   std::vector<double> s, sx;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_ref_backward_reduce",
                                   [&] { backward_sums<scalar_t>(x, dy, v, vmean, s, sx); });
@@ -458,8 +459,12 @@ Tensor batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& input, co
   TORCH_CHECK(static_cast<int64_t>(vm.size()) == C && static_cast<int64_t>(s.size()) == C &&
                   static_cast<int64_t>(sx.size()) == C,
               "syncbn_ref: mean, sum_dy and sum_dy_xmu must have ", C, " elements");
+  TORCH_CHECK(static_cast<int64_t>(vi.size()) == C, "syncbn_ref: invstd must have ", C, " elements, got ", vi.size());
   std::vector<double> w(C, 1.0);
-  if (weight.has_value() && weight->defined()) w = as_doubles(*weight);
+  if (weight.has_value() && weight->defined()) {
+    w = as_doubles(*weight);
+    TORCH_CHECK(static_cast<int64_t>(w.size()) == C, "syncbn_ref: weight must have ", C, " elements, got ", w.size());
+  }
   std::vector<double> grad_mean(C), proj(C), gscale(C);
   for (int64_t c = 0; c < C; ++c) {
     grad_mean[c] = s[c] / total;

@@ -1,0 +1,51 @@
+"""nox sessions: the tests, lint, the CUDA compile check, and runs against several PyTorch builds.
+
+Every session installs its own torch build explicitly: `torch==2.13.0` is the
+CPU wheel on these machines' local disk, `torch==2.14.1` the CUDA 13 build.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+CPU_TORCH = "torch==2.13.0"
+CUDA_TORCH = "torch==2.14.1"
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    """The harness's own tests (CPU, gloo), two xdist workers."""
+    session.install(CPU_TORCH, "-e", ".[test]")
+    session.run("python", "-m", "pytest", "-n", "2", *session.posargs)
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff over the package, cases and tests."""
+    session.install("ruff")
+    session.run("ruff", "check", "--select", "E,F,W,B", "--line-length", "120", "harness", "cases", "tests",
+                "noxfile.py")
+
+
+@nox.session(name="cuda_compile", python="3.11")
+def cuda_compile(session: nox.Session) -> None:
+    """Compile the CUDA kernels for sm_80 and sm_90 against the CUDA 13 build of torch (no GPU needed)."""
+    session.install(CUDA_TORCH, "-e", ".")
+    cache = os.path.join(session.virtualenv.location, "syncbn-cache")
+    session.run("syncbn-harness", "build-kernels", "--cuda", "--cuda-arch", "8.0;9.0",
+                env={"SYNCBN_HARNESS_CACHE": cache, "MAX_JOBS": "2"})
+    # The library that was built must load in a CUDA build of torch and expose CUDA kernels for every op.
+    session.run("python", "-c", (
+        "import torch; from harness import extension; "
+        "spec = extension.default_spec(cuda=True, cuda_archs='8.0;9.0'); extension.build(spec); "
+        "ops = ['batch_norm_stats', 'batch_norm_gather_stats_with_counts', 'batch_norm_elemt', "
+        "'batch_norm_backward_reduce', 'batch_norm_backward_elemt', 'welford_stats', 'welford_merge']; "
+        "missing = [o for o in ops if not torch._C._dispatch_has_kernel_for_dispatch_key("
+        "'syncbn_ref::' + o, 'CUDA')]; "
+        "assert not missing, missing; print('CUDA kernels registered for', len(ops), 'ops')"),
+        env={"SYNCBN_HARNESS_CACHE": cache})

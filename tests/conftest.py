@@ -1,0 +1,41 @@
+"""Isolation for the harness's own tests.
+
+Rendezvous variables from the caller's shell must never reach a test, and
+every test that spawns processes must leave none behind.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+SCRUB = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES",
+         "TORCHELASTIC_RUN_ID")
+
+
+@pytest.fixture(autouse=True)
+def _scrub_env(monkeypatch):
+    for var in SCRUB:
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(scope="session")
+def kernels():
+    """The reference extension, built once per session (and cached across sessions)."""
+    import torch
+
+    from harness import extension
+
+    extension.load()
+    return torch.ops.syncbn_ref
+
+
+def pytest_report_header(config):
+    try:
+        import torch
+
+        return f"torch {torch.__version__} ({torch.version.git_version[:12]}), cpu threads {torch.get_num_threads()}, " \
+               f"pid {os.getpid()}"
+    except ImportError:
+        return "torch not importable"

@@ -1,0 +1,66 @@
+"""Probe implementations for the engine's tests: correct SyncBN, except on rank 1.
+
+Each is a plugin (``probes:NAME``) built on the reference SyncBN; on rank 1
+of the default group it misbehaves in one precise way during forward, while
+its peers enter the statistics all_gather as usual.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from harness.reference import SyncBatchNorm
+
+
+class _Probe(SyncBatchNorm):
+    def misbehave(self, input):
+        raise NotImplementedError
+
+    def forward(self, input):
+        if dist.is_initialized() and dist.get_rank() == 1:
+            out = self.misbehave(input)
+            if out is not None:
+                return out
+        return super().forward(input)
+
+
+class RaiseOnRank1(_Probe):
+    def misbehave(self, input):
+        raise RuntimeError("planted failure on rank 1")
+
+
+class SegfaultOnRank1(_Probe):
+    def misbehave(self, input):
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class AbortOnRank1(_Probe):
+    def misbehave(self, input):
+        os.abort()
+
+
+class KillOnRank1(_Probe):
+    def misbehave(self, input):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class ExitOnRank1(_Probe):
+    def misbehave(self, input):
+        os._exit(3)
+
+
+class SleepOnRank1(_Probe):
+    def misbehave(self, input):
+        time.sleep(3600)
+
+
+class SkipCollectiveOnRank1(_Probe):
+    """Normalizes with its own batch only: never enters the all_gather its peers wait in."""
+
+    def misbehave(self, input):
+        return F.batch_norm(input, None, None, self.weight, self.bias, True, 0.0, self.eps)
