@@ -142,25 +142,29 @@ def build_kernels(cuda, cuda_arch, verbose):
 
 @cli.command()
 @selection_options
+@click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None,
+              help="Results store directory (default: $SYNCBN_HARNESS_STORE or ./results).")
+@click.option("--resume", is_flag=True, help="Skip what the store already holds for this build and selection.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
 @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Also write JUnit XML here.")
-def run(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout, fmt, junit):
-    """Run the selected cases and print a table (or JSON records). Exit 1 on any unexpected failure."""
+def run(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout, store_dir, resume, fmt, junit):
+    """Run the selected cases, store and print the records. Exit 1 on any unexpected failure."""
     from harness import records as rec
-    from harness import runner
     from harness.output import print_table, write_junit
+    from harness.runner import execute_run
 
     sel = Selection(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout)
-    impl_objs = sel.impls()
-    if not sel.cases:
-        raise UsageError("the selection is empty: no case matches (see `syncbn-harness list cases`)")
-    out = []
-    for record in runner.run_selection(sel.cases, impl_objs, sel.options):
-        out.append(record)
+
+    def progress(record):
         if fmt == "table":
             click.echo(f"{record.status.value:<11} {record.case}  [{record.impl}]"
                        + (f"  {record.message}" if record.message and record.status != rec.Status.PASS else ""),
                        err=True)
+
+    out, is_writer = execute_run(sel.cases, sel.impls(), sel.options, store_dir=store_dir or default_store(),
+                                 resume=resume, on_record=progress)
+    if not is_writer:
+        sys.exit(0)  # a torchrun rank other than 0: rank 0 reports
     if fmt == "json":
         click.echo(json.dumps([r.to_dict() for r in out], indent=2))
     else:
@@ -168,6 +172,10 @@ def run(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout,
     if junit:
         write_junit(out, junit)
     sys.exit(rec.exit_code(out))
+
+
+def default_store() -> str:
+    return os.environ.get("SYNCBN_HARNESS_STORE") or "results"
 
 
 @cli.command()
@@ -225,6 +233,16 @@ def bench_kernels_cmd(repeat, fmt):
     figures = bench_kernels(repeat=repeat, echo=echo)
     if fmt == "json":
         click.echo(json.dumps(figures, indent=2))
+
+
+@bench.command("pool")
+@click.option("--cases", type=click.IntRange(min=1), default=300, help="Cases run through the warm pool.")
+@click.option("--fresh-cases", type=click.IntRange(min=1), default=5, help="Cases run with a fresh process group each.")
+def bench_pool_cmd(cases, fresh_cases):
+    """Warm pool against a fresh process group per case, at world size 2."""
+    from harness.bench import bench_pool
+
+    bench_pool(cases=cases, fresh_cases=fresh_cases, echo=click.echo)
 
 
 def _terminate_on_sigterm() -> None:

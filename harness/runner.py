@@ -119,9 +119,13 @@ def run_selection(cases: list[Case], impls: list[Impl], opts: RunOptions,
                     outcome = pool.run({"case": case.to_dict(), "impl": impl.key, "device": opts.device},
                                        timeout=opts.timeout)
                     yield _from_outcome(case, impl, info, opts, outcome, started, time.perf_counter() - t0)
-        finally:
+        except BaseException:
+            # Ctrl-C, SIGTERM or a bug: ranks may be busy or stuck, so do not wait for them.
             if pool is not None:
-                pool.close()
+                pool.kill()
+            raise
+        if pool is not None:
+            pool.close()
 
 
 def _from_outcome(case: Case, impl: Impl, info: BuildInfo, opts: RunOptions, outcome: TaskOutcome,
@@ -160,3 +164,53 @@ def _message(ranks: list[RankOutcome]) -> str:
     if peers:
         parts.append(f"ranks {peers} {PEER_FAILED}")
     return "; ".join(parts)[:2000]
+
+
+def execute_run(cases: list[Case], impls: list[Impl], opts: RunOptions, *, store_dir, resume: bool = False,
+                on_record: Optional[Callable[[Record], None]] = None) -> tuple[list[Record], bool]:
+    """``run``: records of the selection, each appended to the store as it finishes.
+
+    Locally, this process drives warm pools. Under torchrun it is one rank;
+    only rank 0 gets records and writes them (the second value says whether
+    this process is the writer).
+    """
+    from harness import torchrun
+    from harness.store import Store, build_key, completed
+
+    if not cases:
+        raise UsageError("the selection is empty: no case matches (see `syncbn-harness list cases`)")
+    store = Store(store_dir) if store_dir else None
+    info = build_info()
+    is_writer = True
+    if torchrun.under_torchrun():
+        import os
+
+        is_writer = os.environ.get("RANK") == "0"
+        stream = torchrun.run_as_rank(cases, impls, opts)
+    else:
+        if resume and store is not None:
+            key = build_key(info.torch_version, info.torch_git_version, opts.device, opts.resolved_backend)
+            done = completed(store.read(key) if key in store.builds() else [])
+            cases = [c for c in cases if any((c.id, i.name) not in done for i in impls)]
+            impls_by_case = {c.id: [i for i in impls if (c.id, i.name) not in done] for c in cases}
+            stream = _resumed(cases, impls_by_case, opts, info)
+        else:
+            stream = run_selection(cases, impls, opts, info)
+    out = []
+    for record in stream:
+        if store is not None:
+            store.append(record)
+        out.append(record)
+        if on_record:
+            on_record(record)
+    return out, is_writer
+
+
+def _resumed(cases, impls_by_case, opts, info) -> Iterator[Record]:
+    """Run only the (case, impl) pairs the store does not hold yet, one pool per world size still."""
+    groups: dict[tuple, list[Case]] = {}
+    for c in cases:
+        key = tuple(i.name for i in impls_by_case[c.id])
+        groups.setdefault(key, []).append(c)
+    for _, group in groups.items():
+        yield from run_selection(group, impls_by_case[group[0].id], opts, info)

@@ -15,41 +15,17 @@ import pytest
 
 from harness import catalog, runner
 from harness.records import PEER_FAILED, Status
+from proctools import children_of
 
-PLUGINS = str(Path(__file__).parent / "plugins")
+PLUGINS = str(Path(__file__).parent / "support")
 CASE = "allgather-shape/uneven-2-6/ws2"
 NEXT = "allgather-shape/even-4-4/ws2"
 
 
 @pytest.fixture(autouse=True)
 def _plugins_on_path(monkeypatch):
-    monkeypatch.syspath_prepend(PLUGINS)
+    # Rank processes are spawned: they import the probes through PYTHONPATH.
     monkeypatch.setenv("PYTHONPATH", PLUGINS + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-
-def children_of(pid: int) -> set[int]:
-    """Live (non-zombie) child processes of ``pid``, read from /proc.
-
-    multiprocessing's resource tracker (one per parent, for its lifetime) is not a rank and is left out.
-    """
-    kids = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if int(fields[1]) == pid and fields[0] != "Z":
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"resource_tracker" not in cmdline:
-                kids.add(int(entry))
-    return kids
 
 
 def run_probe(probe: str, timeout: float = 20.0):
