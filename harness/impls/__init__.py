@@ -92,6 +92,10 @@ class Impl:
         """Return one ``nn.Module`` for this rank, with ``torch.nn.SyncBatchNorm``'s semantics."""
         raise NotImplementedError
 
+    def forward(self, module, input):
+        """Call the module (adapters may wrap the call, e.g. in a context)."""
+        return module(input)
+
     def describe(self) -> dict:
         """Name, mode, version, availability and capabilities, for ``list impls``."""
         try:
@@ -129,7 +133,7 @@ def builtin_names() -> list[str]:
 
 
 def _load_builtins() -> None:
-    from harness.impls import reference  # noqa: F401  (registers on import)
+    from harness.impls import apex, reference, torch_native  # noqa: F401  (they register on import)
 
 
 def _entry_points() -> dict:

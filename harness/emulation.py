@@ -1,0 +1,170 @@
+"""CPU emulation of ``torch.nn.SyncBatchNorm``: torch's own Python code over our CPU kernels.
+
+Upstream refuses CPU input, and the five ATen ops its autograd Function calls
+have CUDA kernels only. In rank processes (never in the parent), :func:`install`
+registers the reference extension's ops as the CPU kernels of exactly those
+ATen ops, through ``torch.library``, so that torch's module and Function run on
+CPU over gloo.
+
+What is torch's (under test): ``torch.nn.SyncBatchNorm.forward`` (input
+checks, num_batches_tracked, the momentum or cumulative factor, the decision
+to synchronize, process group and world size) and
+``torch.nn.modules._functions.SyncBatchNorm`` (channels-last handling, each
+rank's count, the zero row of an empty rank, the all_gather of (mean, invstd,
+count), dropping empty ranks, the cast of counts to the running statistics'
+dtype, what is saved for backward, the backward all_reduce of (sum_dy,
+sum_dy_xmu), the int32 count tensor, the weight cast), and gloo itself.
+
+What is ours: the arithmetic of the five ATen ops (kernels/cpu), written to
+the CUDA kernels' contract: statistics in float for half/bfloat16 input,
+outputs in the input dtype and memory format. So a defect in CUDA arithmetic
+is not visible here, and a difference in our arithmetic is ours.
+
+The module's device check: releases whose check consults
+``torch._C._get_privateuse1_backend_name()`` run the unmodified module, with
+that lookup answered ``"cpu"`` only for the duration of the forward call
+(:func:`privateuse1_answers_cpu`): the "module" path. Releases whose check
+reads ``input.is_cuda`` get :class:`FunctionDriven`, which repeats the
+module's bookkeeping and calls torch's autograd Function directly: the
+"function" path. ``SYNCBN_HARNESS_TORCH_PATH=function`` forces the latter.
+
+Op schemas are read from the installed build, not assumed: arguments are
+matched by name, an ``int[]`` counts argument becomes a tensor, and releases
+whose ``batch_norm_backward_elemt`` has no ``count`` argument get per-rank
+means from ``batch_norm_backward_reduce`` (their contract then) instead of sums.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+
+import torch
+
+from harness import extension
+
+OPS = ("batch_norm_stats", "batch_norm_gather_stats_with_counts", "batch_norm_elemt",
+       "batch_norm_backward_reduce", "batch_norm_backward_elemt")
+_library = None
+
+
+def installed_schema(op: str):
+    """The installed build's schema of ``aten::<op>`` (its default overload)."""
+    schemas = torch._C._jit_get_schemas_for_operator(f"aten::{op}")
+    for s in schemas:
+        if s.overload_name == "":
+            return s
+    raise RuntimeError(f"this torch build has no aten::{op}; cannot emulate SyncBatchNorm on CPU")
+
+
+def arg_names(op: str) -> list[str]:
+    return [a.name for a in installed_schema(op).arguments]
+
+
+def backward_takes_counts() -> bool:
+    """Whether backward_elemt divides by the global count itself (sums), or takes means."""
+    return "count" in arg_names("batch_norm_backward_elemt")
+
+
+def _kernel(op: str):
+    names = arg_names(op)
+    ours = getattr(torch.ops.syncbn_ref, op)
+    sums = backward_takes_counts()
+
+    def call(*args, **kwargs):
+        a = dict(zip(names, args))
+        a.update(kwargs)
+        if op == "batch_norm_gather_stats_with_counts":
+            counts = a["counts"]
+            if not isinstance(counts, torch.Tensor):
+                counts = torch.tensor(list(counts), dtype=a["mean"].dtype)
+            return ours(a["input"], a["mean"], a["invstd"], a["running_mean"], a["running_var"], a["momentum"],
+                        a["eps"], counts)
+        if op == "batch_norm_backward_reduce":
+            out = ours(a["grad_out"], a["input"], a["mean"], a["invstd"], a.get("weight"), a["input_g"],
+                       a["weight_g"], a["bias_g"])
+            if sums or not a["input_g"]:
+                return out
+            n = max(a["input"].numel() // a["input"].shape[1], 1)
+            return (out[0] / n, out[1] / n, out[2], out[3])
+        if op == "batch_norm_backward_elemt":
+            s = a.get("sum_dy", a.get("mean_dy"))
+            sx = a.get("sum_dy_xmu", a.get("mean_dy_xmu"))
+            count = a["count"] if sums else torch.ones(1, dtype=torch.int32)
+            return ours(a["grad_out"], a["input"], a["mean"], a["invstd"], a.get("weight"), s, sx, count)
+        if op == "batch_norm_elemt":
+            return ours(a["input"], a.get("weight"), a.get("bias"), a["mean"], a["invstd"], a.get("eps", 0.0))
+        return ours(a["input"], a["eps"])
+
+    call.__name__ = f"syncbn_ref_cpu_{op}"
+    return call
+
+
+def install() -> None:
+    """Register the reference kernels as the CPU kernels of the five ATen ops (once per process)."""
+    global _library
+    if _library is not None:
+        return
+    extension.load()
+    lib = torch.library.Library("aten", "IMPL")
+    for op in OPS:
+        lib.impl(op, _kernel(op), "CPU")
+    _library = lib  # the registrations live as long as this object
+
+
+def device_check_path() -> str:
+    """``"module"`` if the unmodified module can be run on CPU here, else ``"function"``."""
+    forced = os.environ.get("SYNCBN_HARNESS_TORCH_PATH")
+    if forced in ("module", "function"):
+        return forced
+    try:
+        src = inspect.getsource(torch.nn.SyncBatchNorm.forward)
+    except (OSError, TypeError):
+        return "function"
+    return "module" if "_get_privateuse1_backend_name" in src else "function"
+
+
+@contextlib.contextmanager
+def privateuse1_answers_cpu():
+    """For the duration of the block, torch's privateuse1 backend name lookup answers ``"cpu"``."""
+    original = torch._C._get_privateuse1_backend_name
+    torch._C._get_privateuse1_backend_name = lambda: "cpu"
+    try:
+        yield
+    finally:
+        torch._C._get_privateuse1_backend_name = original
+
+
+class FunctionDriven(torch.nn.SyncBatchNorm):
+    """torch's SyncBatchNorm whose forward repeats the module's bookkeeping and calls torch's Function.
+
+    Used only on releases whose device check reads ``input.is_cuda``: everything
+    below the check (the Function, its forward and backward) is torch's code.
+    """
+
+    def forward(self, input):
+        import torch.distributed as dist
+        import torch.nn.functional as F
+        from torch.nn.modules._functions import SyncBatchNorm as SyncBNFunction
+
+        self._check_input_dim(input)
+        if hasattr(self, "_check_non_zero_input_channels"):
+            self._check_non_zero_input_channels(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / self.num_batches_tracked.item() if self.momentum is None else self.momentum
+        bn_training = self.training or (self.running_mean is None and self.running_var is None)
+        running_mean = self.running_mean if not self.training or self.track_running_stats else None
+        running_var = self.running_var if not self.training or self.track_running_stats else None
+        need_sync = bn_training and self.training and dist.is_available() and dist.is_initialized()
+        if need_sync:
+            group = self.process_group or dist.group.WORLD
+            world_size = dist.get_world_size(group)
+            need_sync = world_size > 1
+        if not need_sync:
+            return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, bn_training, factor,
+                                self.eps)
+        return SyncBNFunction.apply(input, self.weight, self.bias, running_mean, running_var, self.eps, factor,
+                                    group, world_size)
