@@ -165,7 +165,7 @@ def materialize(case: Case) -> CaseData:
     inputs, grads = [], []
     for _ in case.steps:
         xs, gs = [], []
-        for r, (n, sp) in enumerate(zip(case.batch_sizes, case.spatial)):
+        for n, sp in zip(case.batch_sizes, case.spatial):
             shape = (n, C, *sp)
             bshape = (1, C) + (1,) * len(sp)
             z = torch.randn(shape, generator=gen, dtype=torch.float64)

@@ -21,7 +21,7 @@ def _vec(like: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _register(name: str):
-    register = getattr(torch.library, "register_fake", None) or getattr(torch.library, "impl_abstract")
+    register = getattr(torch.library, "register_fake", None) or torch.library.impl_abstract
     return register(f"syncbn_ref::{name}")
 
 

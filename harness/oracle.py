@@ -109,8 +109,8 @@ def run_oracle(
         raise ValueError(f"groups {groups} must partition ranks 0..{world - 1}")
     C = num_features
     f64 = torch.float64
-    w = (weight.detach().to(f64) if weight is not None else torch.ones(C, dtype=f64)) if affine else torch.ones(C, dtype=f64)
-    b = (bias.detach().to(f64) if bias is not None else torch.zeros(C, dtype=f64)) if affine else torch.zeros(C, dtype=f64)
+    w = weight.detach().to(f64) if affine and weight is not None else torch.ones(C, dtype=f64)
+    b = bias.detach().to(f64) if affine and bias is not None else torch.zeros(C, dtype=f64)
 
     def buffer(v: Optional[Tensor], default: float) -> Tensor:
         t = v.detach().to(f64) if v is not None else torch.full((C,), default, dtype=f64)
@@ -143,7 +143,8 @@ def run_oracle(
                 n = flat.shape[1]
                 if use_batch:
                     mean = flat.mean(dim=1) if n else torch.zeros(C, dtype=f64)
-                    var = ((flat - mean[:, None]) ** 2).sum(dim=1) / n if n else torch.full((C,), float("nan"), dtype=f64)
+                    nan = torch.full((C,), float("nan"), dtype=f64)
+                    var = ((flat - mean[:, None]) ** 2).sum(dim=1) / n if n else nan
                 else:
                     mean, var = rm[unit[0]], rv[unit[0]]
                 invstd = 1.0 / torch.sqrt(var + eps)

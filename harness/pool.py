@@ -193,7 +193,7 @@ class Pool:
         """Send ``task`` to every rank and attribute what each did (see the module docstring)."""
         if not self.alive:
             self.start()
-        for r, conn in enumerate(self.conns):
+        for conn in self.conns:
             try:
                 conn.send({"op": "run", "task": task})
             except (OSError, BrokenPipeError):

@@ -35,7 +35,7 @@ def pytest_report_header(config):
     try:
         import torch
 
-        return f"torch {torch.__version__} ({torch.version.git_version[:12]}), cpu threads {torch.get_num_threads()}, " \
-               f"pid {os.getpid()}"
+        return (f"torch {torch.__version__} ({torch.version.git_version[:12]}), "
+                f"cpu threads {torch.get_num_threads()}, pid {os.getpid()}")
     except ImportError:
         return "torch not importable"

@@ -9,7 +9,9 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from harness.cli import cli, main
+from harness.cli import _load_commands, cli, main
+
+_load_commands()
 
 SPEC_RECORD_KEYS = {"schema_version", "case", "family", "params", "impl", "impl_version", "mode", "status",
                     "message", "ranks", "metrics", "torch_version", "torch_git_version", "cuda_version", "device",

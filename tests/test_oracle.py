@@ -81,8 +81,9 @@ def test_ragged_ranks_by_hand():
                       running_mean=torch.tensor([1.0]), running_var=torch.tensor([3.0]))
     # mean 5, biased var (16+4+0+4+16)/5 = 8, unbiased 10.
     s = math.sqrt(8.0)
-    torch.testing.assert_close(t.output[0].view(-1), torch.tensor([1 + 2 * -4 / s, 1 + 2 * -2 / s], dtype=torch.float64))
-    torch.testing.assert_close(t.output[2].view(-1), torch.tensor([1.0, 1 + 2 * 2 / s, 1 + 2 * 4 / s], dtype=torch.float64))
+    f64 = torch.float64
+    torch.testing.assert_close(t.output[0].view(-1), torch.tensor([1 + 2 * -4 / s, 1 + 2 * -2 / s], dtype=f64))
+    torch.testing.assert_close(t.output[2].view(-1), torch.tensor([1.0, 1 + 2 * 2 / s, 1 + 2 * 4 / s], dtype=f64))
     assert t.output[1].shape == (0, 1, 4)
     torch.testing.assert_close(t.running_mean[0], torch.tensor([0.5 * 1 + 0.5 * 5], dtype=torch.float64))
     torch.testing.assert_close(t.running_var[0], torch.tensor([0.5 * 3 + 0.5 * 10], dtype=torch.float64))

@@ -14,7 +14,7 @@ names cross process boundaries.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 from harness.case import Case

@@ -1,0 +1,1 @@
+"""One module per subcommand; importing a module adds its command to :data:`harness.cli.cli`."""
