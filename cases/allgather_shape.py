@@ -1,35 +1,81 @@
-"""allgather-shape: ranks whose collective operands or counts differ.
+"""allgather-shape: ranks whose collective operands or counts differ, crossed with dtypes and layouts.
 
-Catches: statistics merged with equal weights instead of per-rank counts
-(uneven batches give a wrong mean and variance); ranks with an empty batch
-(a crash, or NaN from a 0/0 poisoning the merge); all_gather operands of
-different sizes across ranks (the 2020 break of apex.parallel.SyncBatchNorm
-between pytorch#40358 and pytorch#40573: "All tensor operands to
-scatter/gather must have the same size"); one sample per rank ("Expected more
-than 1 value per channel" although the global batch is larger); different
-spatial sizes per rank (a count taken from N instead of N*H*W).
+Catches:
+- statistics merged with equal weights instead of per-rank counts, and the
+  running variance updated with a per-rank count (pytorch#22192, inplace_abn#68,
+  apex#387; fixed in torch by pytorch#22248);
+- a backward that divides by the world size instead of the global count when
+  batches are uneven (pytorch#36382: "wrong dgrad");
+- ranks with an empty batch: a crash in batch_norm_stats, NaN poisoning the
+  merge, or peers hung in the all_gather (pytorch#36530, detectron2#366,
+  detectron2#1807; fixed by pytorch#74944), including the zero row sent in a
+  different dtype from the other ranks' (the worry raised in pytorch#37198);
+- all_gather operands of different sizes or dtypes across ranks (the 2020 break
+  of apex.parallel.SyncBatchNorm between pytorch#40358 and pytorch#40573:
+  "All tensor operands to scatter/gather must have the same size");
+- one sample per rank rejected although the global batch is larger
+  (pytorch#36865, apex#262);
+- different spatial sizes per rank (a count taken from N instead of N*H*W,
+  pytorch#22192).
+
+The generated matrix crosses every batch layout below (world sizes 2, 3 and 4)
+with every dtype combination and memory format; the default selection is a
+pairwise covering subset of it (harness.covering), ``--exhaustive`` the full
+product.
 """
 
 from harness.case import Case
+from harness.covering import pairwise
 
 FAMILY = "allgather-shape"
 
+LAYOUTS = (
+    ("even-4-4", (4, 4)),
+    ("uneven-2-6", (2, 6)),
+    ("empty-0-5", (0, 5)),
+    ("one-1-1", (1, 1)),
+    ("uneven-1-2-5", (1, 2, 5)),
+    ("empty-3-0-2", (3, 0, 2)),
+    ("uneven-3-1-4-2", (3, 1, 4, 2)),
+    ("empties-0-3-0-2", (0, 3, 0, 2)),
+)
+DTYPES = (
+    ("float32", "float32"),
+    ("float16", "float32"),
+    ("bfloat16", "float32"),
+    ("float16", "float16"),
+    ("bfloat16", "bfloat16"),
+    ("float64", "float64"),
+)
+FORMATS = (
+    ("contiguous", (4, 3)),
+    ("channels_last", (4, 3)),
+    ("channels_last_3d", (3, 2, 2)),
+)
 
-def _case(name: str, batch_sizes, spatial=None, **kw) -> Case:
-    ws = len(batch_sizes)
-    spatial = spatial or [(4, 3)] * ws
-    return Case(id=f"{FAMILY}/{name}/ws{ws}", family=FAMILY, batch_sizes=tuple(batch_sizes),
-                spatial=tuple(tuple(s) for s in spatial), **kw)
+
+def matrix() -> list[Case]:
+    """The full product; the pairwise covering rows are marked default."""
+    factors = [range(len(LAYOUTS)), range(len(DTYPES)), range(len(FORMATS))]
+    covering = set(pairwise(factors))
+    out = []
+    for li, (layout, batches) in enumerate(LAYOUTS):
+        for di, (dtype, pdtype) in enumerate(DTYPES):
+            for fi, (fmt, spatial) in enumerate(FORMATS):
+                ws = len(batches)
+                out.append(Case(
+                    id=f"{FAMILY}/{layout}/{dtype}-{pdtype}/{fmt}/ws{ws}", family=FAMILY, batch_sizes=batches,
+                    spatial=(spatial,) * ws, dtype=dtype, param_dtype=pdtype, memory_format=fmt, channels=5,
+                    input_mean=0.5, input_scale=2.0, default=(li, di, fi) in covering))
+    return out
 
 
 def cases() -> list[Case]:
-    return [
-        _case("even-4-4", [4, 4]),
-        _case("uneven-2-6", [2, 6]),
-        _case("empty-rank-0-5", [0, 5]),
-        _case("one-sample-1-1", [1, 1]),
-        _case("spatial-differs", [3, 3], spatial=[(4, 3), (2, 5)]),
-        _case("uneven-1-2-5", [1, 2, 5]),
-        _case("empty-ranks-0-3-0-2", [0, 3, 0, 2]),
-        _case("uneven-steps-3-1", [3, 1], steps=("train", "train", "eval")),
+    return matrix() + [
+        Case(id=f"{FAMILY}/spatial-differs/ws2", family=FAMILY, batch_sizes=(3, 3), spatial=((4, 3), (2, 5))),
+        Case(id=f"{FAMILY}/spatial-differs-empty/ws3", family=FAMILY, batch_sizes=(2, 0, 1),
+             spatial=((5, 1), (3, 3), (2, 7))),
+        Case(id=f"{FAMILY}/uneven-steps-3-1/ws2", family=FAMILY, batch_sizes=(3, 1), spatial=((4, 3),) * 2,
+             steps=("train", "train", "eval")),
+        Case(id=f"{FAMILY}/one-sample-2d/ws2", family=FAMILY, batch_sizes=(1, 1), spatial=((),) * 2),
     ]

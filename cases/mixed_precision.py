@@ -1,10 +1,18 @@
-"""mixed-precision: half and bfloat16 input, with float32 or half parameters.
+"""mixed-precision: half and bfloat16 input with float32 parameters, and fully half models.
 
-Catches: statistics exchanged in the input's half precision (large counts and
-sums overflow or lose digits); counts cast to half (2049 becomes 2048); an
-output returned in the parameter dtype instead of the input dtype; running
-statistics updated in half arithmetic; a float32 weight mixed with half input
-rejected, or silently cast so that gradients come back in the wrong dtype.
+Catches:
+- a float32 layer fed half input rejected or mis-cast ("expected scalar type
+  Half but found Float", pytorch#27420, apex#254);
+- a fully half model whose counts or running statistics mismatch in dtype
+  ("Expected counts to have type Half but got Float", pytorch#96203,
+  ColossalAI#258, DeepSpeed#2102; fixed by pytorch#98332);
+- counts cast to half precision: 2049 elements become 2048 (a half has 11
+  significant bits), so the merge weights and Bessel's correction are wrong;
+- statistics accumulated in half: a sum of 8192 values near 10 overflows
+  half's 65504;
+- an output returned in the parameter dtype instead of the input dtype;
+- an empty rank whose zero row is sent in the input dtype while the others
+  send float32 statistics (all_gather of mismatched sizes).
 """
 
 from harness.case import Case
@@ -12,20 +20,26 @@ from harness.case import Case
 FAMILY = "mixed-precision"
 
 
-def _case(name: str, dtype: str, param_dtype: str, batch_sizes=(3, 5), **kw) -> Case:
+def _case(name: str, dtype: str, param_dtype: str, batch_sizes=(3, 5), spatial=(5, 4), **kw) -> Case:
     ws = len(batch_sizes)
     return Case(id=f"{FAMILY}/{name}/{dtype}-{param_dtype}/ws{ws}", family=FAMILY,
-                batch_sizes=tuple(batch_sizes), spatial=((5, 4),) * ws, dtype=dtype, param_dtype=param_dtype,
+                batch_sizes=tuple(batch_sizes), spatial=(tuple(spatial),) * ws, dtype=dtype, param_dtype=param_dtype,
                 **kw)
 
 
 def cases() -> list[Case]:
-    return [
-        _case("uneven", "float16", "float32"),
-        _case("uneven", "bfloat16", "float32"),
-        _case("uneven", "float16", "float16"),
-        _case("uneven", "bfloat16", "bfloat16"),
-        _case("uneven", "float64", "float64"),
+    out = []
+    for dtype, pdtype in (("float16", "float32"), ("bfloat16", "float32"), ("float16", "float16"),
+                          ("bfloat16", "bfloat16"), ("float32", "float64"), ("float64", "float64")):
+        out.append(_case("uneven", dtype, pdtype))
+    out += [
+        _case("count-2049", "float16", "float32", batch_sizes=(1, 1), spatial=(2049,), channels=3),
+        _case("count-2049", "float16", "float16", batch_sizes=(1, 1), spatial=(2049,), channels=3),
+        _case("half-sum-overflow", "float16", "float32", batch_sizes=(2, 2), spatial=(64, 64), channels=2,
+              input_mean=10.0, input_scale=1.0),
         _case("empty-rank", "float16", "float32", batch_sizes=(0, 4)),
+        _case("empty-rank", "bfloat16", "bfloat16", batch_sizes=(3, 0)),
         _case("offset", "float16", "float32", input_mean=20.0),
+        _case("steps-train-eval", "bfloat16", "float32", steps=("train", "train", "eval")),
     ]
+    return out

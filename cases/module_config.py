@@ -1,10 +1,16 @@
 """module-config: the module's options and modes.
 
-Catches: affine=False (weight None) dereferenced; track_running_stats=False
-still updating or reading buffers; momentum=None (cumulative average) treated
-as 0.1 or dividing by a stale num_batches_tracked; eval mode that still
-synchronizes or uses batch statistics; several steps whose running statistics
-drift; eps ignored or applied twice; 2-D, 3-D and 5-D input.
+Catches:
+- affine=False (weight None) dereferenced, or gradients for absent parameters;
+- track_running_stats=False still writing buffers or failing in the gather
+  (pytorch#49730, fixed by pytorch#50126);
+- momentum=None (cumulative average) treated as a fixed factor (pytorch#31498);
+- eval mode that still synchronizes or uses batch statistics (pytorch#48988,
+  pytorch#22538 / pytorch#24815);
+- running statistics drifting over several steps, num_batches_tracked not
+  counted;
+- eps ignored, or added outside the square root;
+- 2-D, 3-D and 5-D input (apex#194: SyncBatchNorm did not take 2-D input).
 """
 
 from harness.case import Case
@@ -21,11 +27,18 @@ def _case(name: str, batch_sizes=(3, 4), spatial=(4, 3), **kw) -> Case:
 def cases() -> list[Case]:
     return [
         _case("affine-off", affine=False),
+        _case("affine-off-no-running-stats", affine=False, track_running_stats=False),
         _case("no-running-stats", track_running_stats=False, steps=("train", "eval")),
         _case("momentum-none-3-steps", momentum=None, steps=("train", "train", "train")),
+        _case("momentum-none-eval", momentum=None, steps=("train", "train", "eval")),
+        _case("momentum-0.5", momentum=0.5, steps=("train", "train")),
         _case("train-eval-train", steps=("train", "eval", "train", "eval")),
+        _case("eval-only", steps=("eval",)),
         _case("eps-1e-2", eps=1e-2, input_scale=0.1),
+        _case("eps-0.5", eps=0.5),
         _case("input-2d", spatial=()),
+        _case("input-2d-uneven", batch_sizes=(2, 7), spatial=()),
         _case("input-3d", spatial=(7,)),
         _case("input-5d", spatial=(2, 3, 2)),
+        _case("input-5d-ws3", batch_sizes=(2, 1, 3), spatial=(2, 2, 2)),
     ]

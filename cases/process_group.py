@@ -1,8 +1,14 @@
-"""process-group: SyncBN over process subgroups.
+"""process-group: SyncBN over process subgroups, and conversion of whole models.
 
-Catches: an ignored ``process_group`` argument (statistics synchronized over
-the whole world instead of the subgroup), world size taken from the default
-group, ranks of different groups mixing their statistics.
+Catches:
+- a ``process_group`` ignored by the collective, so statistics are synchronized
+  over the whole world instead of the subgroup (pytorch#38874, redone as
+  pytorch#43861; mmcv#427; apex#90 added the argument);
+- the world size taken from the default group instead of the subgroup;
+- ``convert_sync_batchnorm`` (or apex's ``convert_syncbn_model``) on a nested
+  model that resets ``requires_grad`` (pytorch#22569), drops the training flag
+  of a module in eval mode (pytorch#111998), loses parameters or buffers, or
+  forgets the process group on nested layers (apex#94).
 """
 
 from harness.case import Case
@@ -13,7 +19,15 @@ FAMILY = "process-group"
 def cases() -> list[Case]:
     return [
         Case(id=f"{FAMILY}/pairs-01-23/ws4", family=FAMILY, batch_sizes=(2, 3, 4, 1),
-             spatial=((3, 3),) * 4, groups=((0, 1), (2, 3)), input_scale=1.0),
+             spatial=((3, 3),) * 4, groups=((0, 1), (2, 3))),
+        Case(id=f"{FAMILY}/pairs-02-13/ws4", family=FAMILY, batch_sizes=(1, 4, 2, 3),
+             spatial=((2, 3),) * 4, groups=((0, 2), (1, 3)), steps=("train", "train")),
         Case(id=f"{FAMILY}/split-0-12/ws3", family=FAMILY, batch_sizes=(4, 2, 3),
              spatial=((3, 2),) * 3, groups=((0,), (1, 2))),
+        Case(id=f"{FAMILY}/convert-nested/ws2", family=FAMILY, batch_sizes=(3, 2), spatial=((4, 3),) * 2,
+             model="nested", steps=("train", "eval")),
+        Case(id=f"{FAMILY}/convert-nested-subgroup/ws4", family=FAMILY, batch_sizes=(2, 1, 3, 2),
+             spatial=((3, 3),) * 4, groups=((0, 1), (2, 3)), model="nested"),
+        Case(id=f"{FAMILY}/convert-nested-1d/ws2", family=FAMILY, batch_sizes=(4, 3), spatial=((),) * 2,
+             model="nested", affine=True, momentum=None, steps=("train", "train")),
     ]

@@ -61,6 +61,7 @@ class Case:
     input_mean: float = 0.0  # inputs ~ input_mean + input_scale * (channel offset + N(0, 1))
     input_scale: float = 1.0
     constant_channels: tuple[int, ...] = ()  # channels whose input is constant (zero variance)
+    model: Optional[str] = None  # "nested": the layer sits in a nested model converted by the implementation
     seed: int = -1  # -1: derived from the id, so a case's data never changes with catalog order
     default: bool = True  # in the default selection (else only with --exhaustive)
     note: str = ""
@@ -108,6 +109,7 @@ class Case:
             "input_mean": self.input_mean,
             "input_scale": self.input_scale,
             "seed": self.seed,
+            "model": self.model,
         }
 
     def to_dict(self) -> dict:

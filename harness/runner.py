@@ -63,12 +63,14 @@ def _now() -> str:
 
 def _record(case: Case, impl: Impl, info: BuildInfo, opts: RunOptions, status: Status, message: str,
             **kw) -> Record:
-    return Record(case=case.id, family=case.family, params=case.params(), impl=impl.name, status=status,
+    from harness.known_issues import annotate
+
+    return annotate(Record(case=case.id, family=case.family, params=case.params(), impl=impl.name, status=status,
                   message=message, impl_version=kw.pop("impl_version", None) or _safe_version(impl),
                   mode=kw.pop("mode", None) or impl.mode, torch_version=info.torch_version,
                   torch_git_version=info.torch_git_version, cuda_version=info.cuda_version, device=opts.device,
                   backend=opts.resolved_backend, world_size=case.world_size, host=info.host,
-                  started_at=kw.pop("started_at", None) or _now(), **kw)
+                  started_at=kw.pop("started_at", None) or _now(), **kw))
 
 
 def _safe_version(impl: Impl) -> Optional[str]:

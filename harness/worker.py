@@ -17,8 +17,10 @@ grad_weight/grad_bias shares over ranks (:func:`judge_sums`).
 
 from __future__ import annotations
 
+import math
 import time
 import traceback
+from collections import OrderedDict
 from typing import Optional
 
 import torch
@@ -92,7 +94,12 @@ def _execute(ctx: RankContext, case: Case, impl: Impl, device: str, result: dict
         weight=data.weight, bias=data.bias, param_dtype=DTYPES[case.param_dtype],
         running_mean=data.running_mean, running_var=data.running_var, groups=case.groups)
     pdtype = DTYPES[case.param_dtype]
-    module = impl.build(case, ctx.process_group(case), device)
+    group = ctx.process_group(case)
+    convert_problems: list[str] = []
+    if case.model == "nested":
+        module, convert_problems = convert_nested(case, impl, group, device)
+    else:
+        module = impl.build(case, group, device)
     module = module.to(device=device, dtype=pdtype)
     with torch.no_grad():
         if case.affine:
@@ -129,6 +136,8 @@ def _execute(ctx: RankContext, case: Case, impl: Impl, device: str, result: dict
                     for which in ("grad_weight", "grad_bias")}
         module.zero_grad(set_to_none=True)
     metrics = compare.judge_rank(case, rank, data, truths, observed)
+    metrics += [(f"convert.{i}", compare.Metric("convert", math.inf, math.inf, 0.0, math.inf, p))
+                for i, p in enumerate(convert_problems)]
     result["metrics"] = {name: m.to_dict() for name, m in metrics}
     bad = [(name, m) for name, m in metrics if not m.ok]
     if bad:
@@ -137,6 +146,68 @@ def _execute(ctx: RankContext, case: Case, impl: Impl, device: str, result: dict
             f" (+{len(bad) - 4} more)" if len(bad) > 4 else "")
     else:
         result["status"] = "pass"
+
+
+BATCHNORM_BY_NDIM = {2: "BatchNorm1d", 3: "BatchNorm1d", 4: "BatchNorm2d", 5: "BatchNorm3d"}
+
+
+def convert_nested(case: Case, impl: Impl, group, device: str):
+    """Build a nested model of plain BatchNorms, convert it with the implementation, check what it kept.
+
+    The model: ``layer`` (the case's configuration, the one then run through the
+    steps), ``block.inner`` (nested one level down, beside a ReLU) and ``frozen``
+    (weight not requiring grad, in eval mode). Returns the converted ``layer``
+    and a list of problems (parameters, buffers, requires_grad, training flags,
+    process group, modules left unconverted).
+    """
+    nn = torch.nn
+    bn = getattr(nn, BATCHNORM_BY_NDIM[case.ndim])
+    pdtype = DTYPES[case.param_dtype]
+    gen = torch.Generator().manual_seed(case.seed + 1)
+    layer = bn(case.channels, eps=case.eps, momentum=case.momentum, affine=case.affine,
+               track_running_stats=case.track_running_stats)
+    inner, frozen = bn(case.channels), bn(case.channels)
+    with torch.no_grad():
+        for m in (inner, frozen):
+            m.weight.copy_(torch.rand(case.channels, generator=gen) + 0.5)
+            m.bias.copy_(torch.randn(case.channels, generator=gen))
+            m.running_mean.copy_(torch.randn(case.channels, generator=gen))
+            m.num_batches_tracked.fill_(3)
+    frozen.weight.requires_grad_(False)
+    frozen.eval()
+    model = nn.Sequential(OrderedDict(layer=layer, block=nn.Sequential(OrderedDict(inner=inner, act=nn.ReLU())),
+                                      frozen=frozen)).to(pdtype)
+    params = {n: (p.detach().clone(), p.requires_grad) for n, p in model.named_parameters()}
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    training = {n: m.training for n, m in model.named_modules()}
+    converted = impl.convert(model, group)
+    problems = []
+    for name in ("layer", "block.inner", "frozen"):
+        m = converted.get_submodule(name)
+        if type(m) is bn:
+            problems.append(f"{name} is still {bn.__name__}: not converted")
+        if group is not None and hasattr(m, "process_group") and m.process_group is not group:
+            problems.append(f"{name} lost the process group")
+    if not isinstance(converted.get_submodule("block.act"), nn.ReLU):
+        problems.append("block.act is no longer the ReLU")
+    got_params = dict(converted.named_parameters())
+    for n, (value, requires_grad) in params.items():
+        if n not in got_params:
+            problems.append(f"parameter {n} missing after conversion")
+            continue
+        if not torch.equal(got_params[n].detach().cpu(), value):
+            problems.append(f"parameter {n} changed value")
+        if got_params[n].requires_grad != requires_grad:
+            problems.append(f"parameter {n}: requires_grad {got_params[n].requires_grad}, was {requires_grad}")
+    got_buffers = dict(converted.named_buffers())
+    for n, value in buffers.items():
+        if n not in got_buffers or not torch.equal(got_buffers[n].detach().cpu(), value):
+            problems.append(f"buffer {n} missing or changed")
+    for n, flag in training.items():
+        if n and dict(converted.named_modules()).get(n) is not None:
+            if dict(converted.named_modules())[n].training != flag:
+                problems.append(f"module {n}: training {not flag}, was {flag}")
+    return converted.get_submodule("layer"), problems
 
 
 def _cpu(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

@@ -14,11 +14,12 @@ names cross process boundaries.
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from harness.case import Case
-from harness.errors import UsageError
+from harness.errors import ImplUnavailable, UsageError
 
 _REGISTRY: dict[str, Callable[[], "Impl"]] = {}
 ENTRY_POINT_GROUP = "syncbn_harness.impls"
@@ -39,13 +40,13 @@ class Capabilities:
     no_running_stats: bool = True
     empty_ranks: bool = True
     mixed_dtypes: bool = True  # input dtype differing from parameter dtype
-    convert: bool = True  # conversion of a whole model (convert_sync_batchnorm or similar)
+    convert: bool = False  # conversion of a whole model (convert_sync_batchnorm or similar)
 
     def to_dict(self) -> dict:
         return {k: sorted(v) if isinstance(v, frozenset) else v for k, v in self.__dict__.items()}
 
 
-class Impl:
+class Impl(abc.ABC):
     """Base adapter. Subclasses set ``name``, ``capabilities`` and implement ``build``."""
 
     name: str = ""
@@ -79,6 +80,7 @@ class Impl:
             (cap.affine_off or case.affine, "affine=False"),
             (cap.no_running_stats or case.track_running_stats, "track_running_stats=False"),
             (cap.empty_ranks or min(case.batch_sizes) > 0, "an empty batch on a rank"),
+            (cap.convert or not case.model, "conversion of a whole model"),
         ]
         missing = [what for ok, what in checks if not ok]
         if missing:
@@ -88,9 +90,13 @@ class Impl:
     def setup_rank(self, device: str) -> None:
         """Prepare a rank process once, before its first case (e.g. load kernels)."""
 
+    @abc.abstractmethod
     def build(self, case: Case, process_group, device: str):
         """Return one ``nn.Module`` for this rank, with ``torch.nn.SyncBatchNorm``'s semantics."""
-        raise NotImplementedError
+
+    def convert(self, model, process_group):
+        """Convert every BatchNorm of ``model`` to this implementation (``convert_sync_batchnorm``)."""
+        raise ImplUnavailable(f"{self.name} has no model conversion (its capabilities say convert=False)")
 
     def forward(self, module, input):
         """Call the module (adapters may wrap the call, e.g. in a context)."""

@@ -49,6 +49,8 @@ class PluginImpl(Impl):
             caps = getattr(factory, "capabilities", None)
             if isinstance(caps, Capabilities):
                 self.capabilities = caps
+            elif callable(getattr(factory, "convert_sync_batchnorm", None)):
+                self.capabilities = Capabilities(convert=True)
             display = getattr(factory, "name", None)
             if isinstance(display, str) and display and self.name == self.spec:
                 self.name = display
@@ -64,6 +66,12 @@ class PluginImpl(Impl):
     def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
         self._load()
         return super().unsupported_reason(case, device)
+
+    def convert(self, model, process_group):
+        convert = getattr(self._load(), "convert_sync_batchnorm", None)
+        if not callable(convert):
+            return super().convert(model, process_group)
+        return convert(model, process_group)
 
     def build(self, case: Case, process_group, device: str):
         factory = self._load()

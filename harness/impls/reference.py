@@ -5,11 +5,13 @@ from __future__ import annotations
 from harness import __version__, extension
 from harness.case import Case
 from harness.errors import ImplUnavailable, KernelBuildError
-from harness.impls import Impl, register
+from harness.impls import Capabilities, Impl, register
 
 
 @register("reference")
 class ReferenceImpl(Impl):
+    capabilities = Capabilities(convert=True)
+
     def version(self) -> str:
         return __version__
 
@@ -27,3 +29,8 @@ class ReferenceImpl(Impl):
 
         return SyncBatchNorm(case.channels, eps=case.eps, momentum=case.momentum, affine=case.affine,
                              track_running_stats=case.track_running_stats, process_group=process_group)
+
+    def convert(self, model, process_group):
+        from harness.reference import SyncBatchNorm
+
+        return SyncBatchNorm.convert_sync_batchnorm(model, process_group)

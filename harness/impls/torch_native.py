@@ -7,12 +7,13 @@ which parts are torch's and which are ours).
 from __future__ import annotations
 
 from harness.case import Case
-from harness.impls import Impl, register
+from harness.impls import Capabilities, Impl, register
 
 
 @register("torch")
 class TorchImpl(Impl):
     mode = "native"
+    capabilities = Capabilities(convert=True)
 
     def version(self) -> str:
         import torch
@@ -45,6 +46,18 @@ class TorchImpl(Impl):
             cls = FunctionDriven
         return cls(case.channels, eps=case.eps, momentum=case.momentum, affine=case.affine,
                    track_running_stats=case.track_running_stats, process_group=process_group)
+
+    def convert(self, model, process_group):
+        import torch
+
+        converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group)
+        if getattr(self, "path", "module") == "function":
+            from harness.emulation import FunctionDriven
+
+            for m in converted.modules():
+                if type(m) is torch.nn.SyncBatchNorm:
+                    m.__class__ = FunctionDriven  # same state; forward drives torch's Function directly
+        return converted
 
     def forward(self, module, input):
         if input.device.type == "cpu" and getattr(self, "path", None) == "module":
