@@ -80,54 +80,75 @@ def _safe_version(impl: Impl) -> Optional[str]:
         return None
 
 
+class Session:
+    """Warm pools kept across calls (one per world size), for running (case, impl) one at a time.
+
+    ``run_selection`` uses one per world size and closes it when that size is
+    done; the pytest plugin keeps one for a whole pytest session (per xdist worker).
+    """
+
+    def __init__(self, impls: list[Impl], opts: RunOptions, info: Optional[BuildInfo] = None):
+        self.opts = opts
+        self.info = info or build_info()
+        self.impls = impls
+        self.unavailable: dict[str, str] = {}
+        for impl in impls:
+            try:
+                impl.check_available()
+            except ImplUnavailable as exc:
+                self.unavailable[impl.name] = str(exc)
+        if opts.device == "cuda" and not self.info.cuda_available:
+            for impl in impls:
+                self.unavailable.setdefault(impl.name, "no CUDA device on this machine")
+        self._setup = tuple(i.key for i in impls if i.name not in self.unavailable)
+        self.pools: dict[int, Pool] = {}
+
+    def run_one(self, case: Case, impl: Impl) -> Record:
+        """The record of one (case, impl): skipped, unsupported, or run in the warm pool of its world size."""
+        opts, info = self.opts, self.info
+        if impl.name in self.unavailable:
+            return _record(case, impl, info, opts, Status.SKIPPED, self.unavailable[impl.name])
+        reason = impl.unsupported_reason(case, opts.device)
+        if reason:
+            return _record(case, impl, info, opts, Status.UNSUPPORTED, reason)
+        pool = self.pools.get(case.world_size)
+        if pool is None:
+            pool = self.pools[case.world_size] = Pool(case.world_size, backend=opts.resolved_backend,
+                                                      device=opts.device, setup_impls=self._setup)
+        started, t0 = _now(), time.perf_counter()
+        if not pool.alive:
+            pool.start()
+            if opts.on_pool_start:
+                opts.on_pool_start(pool)
+        outcome = pool.run({"case": case.to_dict(), "impl": impl.key, "device": opts.device}, timeout=opts.timeout)
+        return _from_outcome(case, impl, info, opts, outcome, started, time.perf_counter() - t0)
+
+    def close(self, world_size: Optional[int] = None, *, kill: bool = False) -> None:
+        """Stop the pool of one world size (or all): politely, or at once with ``kill``."""
+        sizes = [world_size] if world_size is not None else list(self.pools)
+        for ws in sizes:
+            pool = self.pools.pop(ws, None)
+            if pool is not None:
+                pool.kill() if kill else pool.close()
+
+
 def run_selection(cases: list[Case], impls: list[Impl], opts: RunOptions,
                   info: Optional[BuildInfo] = None) -> Iterator[Record]:
-    """Yield one record per (case, impl), running what can run in warm pools."""
-    info = info or build_info()
-    unavailable: dict[str, str] = {}
-    for impl in impls:
-        try:
-            impl.check_available()
-        except ImplUnavailable as exc:
-            unavailable[impl.name] = str(exc)
-    if opts.device == "cuda" and not info.cuda_available:
-        for impl in impls:
-            unavailable.setdefault(impl.name, "no CUDA device on this machine")
-    runnable = [i for i in impls if i.name not in unavailable]
+    """Yield one record per (case, impl), running what can run in warm pools (one world size at a time)."""
+    session = Session(impls, opts, info)
     by_ws: dict[int, list[Case]] = {}
     for case in cases:
         by_ws.setdefault(case.world_size, []).append(case)
-    for ws in sorted(by_ws):
-        pool: Optional[Pool] = None
-        try:
+    try:
+        for ws in sorted(by_ws):
             for case in by_ws[ws]:
                 for impl in impls:
-                    if impl.name in unavailable:
-                        yield _record(case, impl, info, opts, Status.SKIPPED, unavailable[impl.name])
-                        continue
-                    reason = impl.unsupported_reason(case, opts.device)
-                    if reason:
-                        yield _record(case, impl, info, opts, Status.UNSUPPORTED, reason)
-                        continue
-                    if pool is None:
-                        pool = Pool(ws, backend=opts.resolved_backend, device=opts.device,
-                                    setup_impls=tuple(i.key for i in runnable))
-                    started = _now()
-                    t0 = time.perf_counter()
-                    if not pool.alive:
-                        pool.start()
-                        if opts.on_pool_start:
-                            opts.on_pool_start(pool)
-                    outcome = pool.run({"case": case.to_dict(), "impl": impl.key, "device": opts.device},
-                                       timeout=opts.timeout)
-                    yield _from_outcome(case, impl, info, opts, outcome, started, time.perf_counter() - t0)
-        except BaseException:
-            # Ctrl-C, SIGTERM or a bug: ranks may be busy or stuck, so do not wait for them.
-            if pool is not None:
-                pool.kill()
-            raise
-        if pool is not None:
-            pool.close()
+                    yield session.run_one(case, impl)
+            session.close(ws)
+    except BaseException:
+        # Ctrl-C, SIGTERM, a closed generator or a bug: ranks may be busy or stuck, do not wait for them.
+        session.close(kill=True)
+        raise
 
 
 def _from_outcome(case: Case, impl: Impl, info: BuildInfo, opts: RunOptions, outcome: TaskOutcome,

@@ -1,0 +1,67 @@
+"""``pytest cases/``: one test item per (case, implementation), run through the harness's warm pools.
+
+Options: ``--impl NAME`` (repeatable; default: every built-in implementation),
+``--case GLOB`` (repeatable), ``--exhaustive``, ``--device``, ``--timeout``.
+Each pytest session (each xdist worker) keeps one pool per world size; their
+rendezvous ports come from the OS, so ``pytest cases/ -n 2`` never collides.
+Item IDs read like the case, with the implementation last:
+``test_case[allgather-shape/uneven-2-6/float16-float32/channels_last/ws2-reference]``.
+Markers: ``world_size(n)`` and ``device(name)``. A known upstream issue is an
+expected failure (xfail with its link); JUnit XML comes from ``--junitxml``.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("syncbn-harness")
+    group.addoption("--impl", action="append", default=[], metavar="NAME",
+                    help="implementation to test (repeatable): reference, torch, apex, MODULE:ATTR")
+    group.addoption("--case", action="append", default=[], metavar="GLOB", help="case ID pattern (repeatable)")
+    group.addoption("--exhaustive", action="store_true", help="the full product instead of the default selection")
+    group.addoption("--device", default=None, choices=["cpu", "cuda"], help="default: cuda if available")
+    group.addoption("--timeout", type=float, default=120.0, help="seconds per case before it is a hang")
+
+
+def pytest_generate_tests(metafunc):
+    if "harness_case" not in metafunc.fixturenames:
+        return
+    from harness import catalog, runner
+
+    config = metafunc.config
+    cases = catalog.select(config.getoption("--case"), exhaustive=config.getoption("--exhaustive"))
+    impls = config.getoption("--impl") or runner.default_impls()
+    device = config.getoption("--device") or _default_device()
+    params = []
+    for case in cases:
+        for impl in impls:
+            marks = [pytest.mark.world_size(case.world_size), pytest.mark.device(device)]
+            params.append(pytest.param(case, impl, id=f"{case.id}-{impl}", marks=marks))
+    metafunc.parametrize(("harness_case", "impl_name"), params)
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(scope="session")
+def harness_session(request):
+    """Warm pools for this pytest session (one per world size), closed at the end."""
+    from harness import runner
+
+    config = request.config
+    names = config.getoption("--impl") or runner.default_impls()
+    opts = runner.RunOptions(device=config.getoption("--device") or _default_device(),
+                             timeout=config.getoption("--timeout"))
+    session = runner.Session(runner.resolve_impls(names), opts)
+    yield session
+    session.close()
+
+
+@pytest.fixture
+def impl_adapter(harness_session, impl_name):
+    return next(i for i in harness_session.impls if i.name == impl_name or i.key == impl_name)

@@ -1,0 +1,230 @@
+"""Planted defects: SyncBNs that are wrong in one way each, as real implementations have been.
+
+Each class changes one hook of a correct implementation (textbook.py or
+gather.py). ``CATCHERS`` says, for each, which cases of the default selection
+must fail (shell-style patterns): the proof that the catalog and the
+tolerances catch the kind of defect named in the docstring.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from gather import GatherSyncBN
+from textbook import TextbookSyncBN
+
+
+class EqualWeightMerge(TextbookSyncBN):
+    """Per-rank means and variances averaged with equal weights, ignoring counts (pytorch#22192)."""
+
+    def batch_stats(self, x, dims):
+        xd = x.double()
+        ws = dist.get_world_size(self.group())
+        n = x.numel() // x.shape[1]
+        # Sums over the (possibly empty) local batch keep every rank's autograd graph, and so its
+        # backward collectives, the same: the defect is the weighting, not a hang.
+        mean_r = xd.sum(dims) / max(n, 1)
+        var_r = (xd * xd).sum(dims) / max(n, 1) - mean_r**2
+        both = self.reduce(torch.cat([mean_r, var_r + mean_r**2])) / ws
+        mean = both[: x.shape[1]]
+        var = both[x.shape[1]:] - mean**2
+        total = self.reduce(torch.full((1,), float(n), dtype=torch.float64))[0]
+        return mean, var, total
+
+
+class NaiveVariance(TextbookSyncBN):
+    """Variance as E[x^2] - E[x]^2 in float32: cancellation with a large mean."""
+
+    def batch_stats(self, x, dims):
+        xf = x.float()
+        c = x.shape[1]
+        n_local = torch.full((1,), x.numel() / c, dtype=torch.float32)
+        both = self.reduce(torch.cat([n_local, xf.sum(dims), (xf * xf).sum(dims)]))
+        n = both[0]
+        mean = both[1:1 + c] / n
+        var = both[1 + c:] / n - mean * mean
+        return mean.double(), var.double(), n.double()
+
+
+class BiasedRunningVar(TextbookSyncBN):
+    """running_var updated with the biased variance (no Bessel correction)."""
+
+    def update_running(self, mean, var, n, factor):
+        super().update_running(mean, var * (n - 1) / n if n > 1 else var, n, factor)
+
+
+class NoGradThroughStats(TextbookSyncBN):
+    """Backward ignores the statistics' dependence on the input (only dy * w * invstd)."""
+
+    def batch_stats(self, x, dims):
+        mean, var, n = super().batch_stats(x, dims)
+        return mean.detach(), var.detach(), n
+
+
+class WorldSizeBackward(GatherSyncBN):
+    """Backward divides by world_size * local count instead of the global count (pytorch#36382)."""
+
+    def backward_count(self, total, x):
+        return dist.get_world_size(self.group()) * max(x.numel() // x.shape[1], 1)
+
+
+class ChannelsLastReadAsNCHW(TextbookSyncBN):
+    """Reads a channels_last tensor's memory as if it were NCHW: channels mixed."""
+
+    def forward(self, x):
+        if x.dim() in (4, 5) and not x.is_contiguous() and x.numel():
+            x = torch.as_strided(x, x.shape, torch.empty(x.shape).stride())
+        return super().forward(x)
+
+
+class OutputLosesChannelsLast(TextbookSyncBN):
+    """Returns a contiguous output for channels_last input."""
+
+    def finish(self, x, y):
+        return super().finish(x, y).contiguous()
+
+
+class IgnoresProcessGroup(TextbookSyncBN):
+    """Synchronizes over the whole world whatever process_group says (pytorch#38874)."""
+
+    def group(self):
+        return dist.group.WORLD
+
+
+class EvalUsesBatchStats(TextbookSyncBN):
+    """Eval mode normalizes with the batch statistics instead of the running ones."""
+
+    def forward(self, x):
+        if not self.training and self.running_mean is not None:
+            dims = [0] + list(range(2, x.dim()))
+            xd = x.double()
+            y = self.normalize(x, xd.mean(dims), xd.var(dims, unbiased=False))
+            if self.affine:
+                s = self.shape(x)
+                y = y * self.weight.double().view(s) + self.bias.double().view(s)
+            return self.finish(x, y)
+        return super().forward(x)
+
+
+class OutputInParamDtype(TextbookSyncBN):
+    """Returns the output in the parameters' dtype instead of the input's."""
+
+    def finish(self, x, y):
+        return y.to(self.weight.dtype if self.weight is not None else x.dtype)
+
+
+class EmptyRankPoisons(TextbookSyncBN):
+    """An empty rank contributes its 0/0 mean (NaN) to the merge."""
+
+    def batch_stats(self, x, dims):
+        xd = x.double()
+        c = x.shape[1]
+        n = x.numel() // c
+        mean_r = xd.sum(dims) / n  # 0/0 = NaN on an empty rank, still connected to its (empty) input
+        both = self.reduce(torch.cat([torch.full((1,), float(n), dtype=torch.float64), mean_r * n]))
+        total, mean = both[0], both[1:] / both[0]
+        d = xd - mean.view(self.shape(x))
+        var = self.reduce((d * d).sum(dims)) / total
+        return mean, var, total
+
+
+class MomentumNoneAsDefault(TextbookSyncBN):
+    """momentum=None (cumulative average) treated as momentum 0.1."""
+
+    def momentum_factor(self):
+        return 0.1 if self.momentum is None else self.momentum
+
+
+class BatchesNotCounted(TextbookSyncBN):
+    """num_batches_tracked never incremented."""
+
+    def count_batches(self):
+        pass
+
+    def momentum_factor(self):
+        return 1.0 if self.momentum is None else self.momentum
+
+
+class EpsOutsideSqrt(TextbookSyncBN):
+    """1 / (sqrt(var) + eps) instead of 1 / sqrt(var + eps)."""
+
+    def normalize(self, x, mean, var):
+        s = self.shape(x)
+        return (x.double() - mean.view(s)) / (torch.sqrt(var.view(s)) + self.eps)
+
+
+class GradWeightAveraged(TextbookSyncBN):
+    """Each rank's weight/bias gradients averaged over ranks inside SyncBN (DDP's job, done twice)."""
+
+    def forward(self, x):
+        if not (self.affine and self.training and dist.is_initialized()):
+            return super().forward(x)
+        ws = dist.get_world_size(self.group())
+        w, b = self.weight, self.bias
+        self.__dict__["_avg"] = True
+        try:
+            self._parameters["weight"] = self.reduce(w / ws)
+            self._parameters["bias"] = self.reduce(b / ws)
+            return super().forward(x)
+        finally:
+            self._parameters["weight"], self._parameters["bias"] = w, b
+
+
+class HalfCounts(TextbookSyncBN):
+    """Element counts carried in half precision: 2049 becomes 2048."""
+
+    def batch_stats(self, x, dims):
+        mean, var, n = super().batch_stats(x, dims)
+        n_half = n.half().double()
+        return mean * n / n_half, var * n / n_half, n_half
+
+
+class HalfAccumulation(TextbookSyncBN):
+    """Sums accumulated in the input's half precision when the input is half (overflow, lost digits)."""
+
+    def batch_stats(self, x, dims):
+        if x.dtype not in (torch.float16, torch.bfloat16):
+            return super().batch_stats(x, dims)
+        c = x.shape[1]
+        n_local = torch.full((1,), x.numel() / c, dtype=torch.float64)
+        s = x.sum(dims, dtype=x.dtype).double()
+        both = self.reduce(torch.cat([n_local, s]))
+        n, mean = both[0], both[1:] / both[0]
+        d = (x - mean.view(self.shape(x)).to(x.dtype))
+        var = self.reduce((d * d).sum(dims, dtype=x.dtype).double()) / n
+        return mean, var, n
+
+
+class DropsChannelTail(TextbookSyncBN):
+    """Channels past the first 64 never written: zeros (the launch bug of pytorch#57077)."""
+
+    def finish(self, x, y):
+        out = super().finish(x, y)
+        if out.shape[1] > 64:
+            out = out.clone()
+            out[:, 64:] = 0
+        return out
+
+
+# Defect -> patterns of default-selection cases that must fail for it to count as caught.
+CATCHERS = {
+    EqualWeightMerge: ["allgather-shape/uneven-*", "allgather-shape/empt*"],
+    NaiveVariance: ["numerics/offset-*"],
+    BiasedRunningVar: ["module-config/*"],
+    NoGradThroughStats: ["module-config/*"],
+    WorldSizeBackward: ["allgather-shape/uneven-*"],
+    ChannelsLastReadAsNCHW: ["channels-last/*", "*/channels_last*"],
+    OutputLosesChannelsLast: ["channels-last/*", "*/channels_last*"],
+    IgnoresProcessGroup: ["process-group/*"],
+    EvalUsesBatchStats: ["module-config/train-eval-train/*", "module-config/eval-only/*"],
+    OutputInParamDtype: ["mixed-precision/*"],
+    EmptyRankPoisons: ["allgather-shape/empt*", "*/empty-rank/*"],
+    MomentumNoneAsDefault: ["module-config/momentum-none-*"],
+    BatchesNotCounted: ["module-config/*"],
+    EpsOutsideSqrt: ["numerics/var-*", "module-config/eps-*"],
+    GradWeightAveraged: ["allgather-shape/uneven-*"],
+    HalfCounts: ["mixed-precision/count-2049/*"],
+    HalfAccumulation: ["mixed-precision/half-sum-overflow/*"],
+    DropsChannelTail: ["numerics/channels-67/*", "numerics/channels-130/*", "channels-last/channels-*"],
+}
