@@ -32,6 +32,8 @@ class RunOptions:
     device: str = "cpu"
     backend: Optional[str] = None
     timeout: float = DEFAULT_TIMEOUT_S
+    # (A, B): A's records also say how A differs from B on the same inputs (``--compare A,B``).
+    compare: Optional[tuple[str, str]] = None
     on_pool_start: Optional[Callable[[Pool], None]] = field(default=None, repr=False)
 
     @property
@@ -120,7 +122,10 @@ class Session:
             pool.start()
             if opts.on_pool_start:
                 opts.on_pool_start(pool)
-        outcome = pool.run({"case": case.to_dict(), "impl": impl.key, "device": opts.device}, timeout=opts.timeout)
+        task = {"case": case.to_dict(), "impl": impl.key, "device": opts.device}
+        if opts.compare and impl.name == opts.compare[0]:
+            task["compare"] = opts.compare[1]
+        outcome = pool.run(task, timeout=opts.timeout)
         return _from_outcome(case, impl, info, opts, outcome, started, time.perf_counter() - t0)
 
     def close(self, world_size: Optional[int] = None, *, kill: bool = False) -> None:
@@ -170,7 +175,20 @@ def _from_outcome(case: Case, impl: Impl, info: BuildInfo, opts: RunOptions, out
     first = results[0] if results else {}
     return _record(case, impl, info, opts, status, message, ranks=outcome.ranks, metrics=metrics,
                    duration_s=round(duration, 4), started_at=started, impl_version=first.get("impl_version"),
-                   mode=first.get("mode"))
+                   mode=first.get("mode"), compare=_merge_compare(results))
+
+
+def _merge_compare(results: list[dict]) -> Optional[dict]:
+    """The ranks' implementation-vs-implementation differences: the largest per tensor over ranks."""
+    parts = [r["compare"] for r in results if r.get("compare")]
+    if not parts:
+        return None
+    merged = {"with": parts[0]["with"], "max_abs_diff": {}, "error": next((p["error"] for p in parts if p["error"]),
+                                                                          None)}
+    for p in parts:
+        for name, v in p["max_abs_diff"].items():
+            merged["max_abs_diff"][name] = max(v, merged["max_abs_diff"].get(name, 0.0))
+    return merged
 
 
 def _message(ranks: list[RankOutcome]) -> str:

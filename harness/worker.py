@@ -74,7 +74,7 @@ def run_task(ctx: RankContext, task: dict) -> dict:
         impl = ctx.impl(task["impl"], device)
         result["impl_version"] = impl.version()
         result["mode"] = impl.mode
-        _execute(ctx, case, impl, device, result)
+        _execute(ctx, case, impl, device, result, task.get("compare"))
     except BaseException as exc:  # noqa: BLE001 - a rank reports every failure as data
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
@@ -84,7 +84,8 @@ def run_task(ctx: RankContext, task: dict) -> dict:
     return result
 
 
-def _execute(ctx: RankContext, case: Case, impl: Impl, device: str, result: dict) -> None:
+def _execute(ctx: RankContext, case: Case, impl: Impl, device: str, result: dict,
+             task_compare: Optional[str] = None) -> None:
     rank = ctx.rank
     torch.manual_seed(case.seed)
     data = materialize(case)
@@ -93,8 +94,36 @@ def _execute(ctx: RankContext, case: Case, impl: Impl, device: str, result: dict
         momentum=case.momentum, affine=case.affine, track_running_stats=case.track_running_stats,
         weight=data.weight, bias=data.bias, param_dtype=DTYPES[case.param_dtype],
         running_mean=data.running_mean, running_var=data.running_var, groups=case.groups)
-    pdtype = DTYPES[case.param_dtype]
     group = ctx.process_group(case)
+    observed, convert_problems = _run_steps(ctx, case, impl, device, data, group)
+    for s, obs in enumerate(observed):
+        if case.affine:
+            result["shares"][str(s)] = {"grad_weight": _as_list(obs["grad_weight"], case.channels),
+                                        "grad_bias": _as_list(obs["grad_bias"], case.channels)}
+            if rank == 0:
+                result["sum_truth"][str(s)] = {
+                    which: {"true": getattr(truths[s], f"{which}_sum").tolist(),
+                            "tol": (compare.K * compare.sum_budget(case, data, truths, s, which)).tolist()}
+                    for which in ("grad_weight", "grad_bias")}
+    if task_compare:
+        result["compare"] = _compare_with(ctx, case, ctx.impl(task_compare, device), device, data, group, observed)
+    metrics = compare.judge_rank(case, rank, data, truths, observed)
+    metrics += [(f"convert.{i}", compare.Metric("convert", math.inf, math.inf, 0.0, math.inf, p))
+                for i, p in enumerate(convert_problems)]
+    result["metrics"] = {name: m.to_dict() for name, m in metrics}
+    bad = [(name, m) for name, m in metrics if not m.ok]
+    if bad:
+        result["status"] = "mismatch"
+        result["message"] = "; ".join(_describe(name, m) for name, m in bad[:4]) + (
+            f" (+{len(bad) - 4} more)" if len(bad) > 4 else "")
+    else:
+        result["status"] = "pass"
+
+
+def _run_steps(ctx: RankContext, case: Case, impl: Impl, device: str, data, group) -> tuple[list[dict], list[str]]:
+    """Build this rank's module (or convert the nested model), run every step, return what it produced."""
+    rank = ctx.rank
+    pdtype = DTYPES[case.param_dtype]
     convert_problems: list[str] = []
     if case.model == "nested":
         module, convert_problems = convert_nested(case, impl, group, device)
@@ -124,28 +153,26 @@ def _execute(ctx: RankContext, case: Case, impl: Impl, device: str, result: dict
             "running_var": _cpu(module.running_var) if case.track_running_stats else None,
             "num_batches_tracked": int(module.num_batches_tracked) if case.track_running_stats else None,
         })
-        if case.affine:
-            result["shares"][str(s)] = {
-                "grad_weight": _as_list(observed[-1]["grad_weight"], case.channels),
-                "grad_bias": _as_list(observed[-1]["grad_bias"], case.channels),
-            }
-            if rank == 0:
-                result["sum_truth"][str(s)] = {
-                    which: {"true": getattr(truths[s], f"{which}_sum").tolist(),
-                            "tol": (compare.K * compare.sum_budget(case, data, truths, s, which)).tolist()}
-                    for which in ("grad_weight", "grad_bias")}
         module.zero_grad(set_to_none=True)
-    metrics = compare.judge_rank(case, rank, data, truths, observed)
-    metrics += [(f"convert.{i}", compare.Metric("convert", math.inf, math.inf, 0.0, math.inf, p))
-                for i, p in enumerate(convert_problems)]
-    result["metrics"] = {name: m.to_dict() for name, m in metrics}
-    bad = [(name, m) for name, m in metrics if not m.ok]
-    if bad:
-        result["status"] = "mismatch"
-        result["message"] = "; ".join(_describe(name, m) for name, m in bad[:4]) + (
-            f" (+{len(bad) - 4} more)" if len(bad) > 4 else "")
-    else:
-        result["status"] = "pass"
+    return observed, convert_problems
+
+
+def _compare_with(ctx: RankContext, case: Case, other: Impl, device: str, data, group, observed) -> dict:
+    """Run ``other`` on the same inputs on this rank; the largest difference per tensor and step."""
+    out: dict = {"with": other.name, "max_abs_diff": {}, "error": None}
+    reason = other.unsupported_reason(case, device)
+    if reason:
+        out["error"] = f"unsupported: {reason}"
+        return out
+    theirs, _ = _run_steps(ctx, case, other, device, data, group)
+    for s, (a, b) in enumerate(zip(observed, theirs)):
+        for name in ("output", "grad_input", "grad_weight", "grad_bias", "running_mean", "running_var"):
+            ta, tb = a[name], b[name]
+            if ta is None or tb is None or ta.shape != tb.shape:
+                continue
+            diff = (ta.double() - tb.double()).abs()
+            out["max_abs_diff"][f"step{s}.{case.steps[s]}.{name}"] = float(diff.max()) if diff.numel() else 0.0
+    return out
 
 
 BATCHNORM_BY_NDIM = {2: "BatchNorm1d", 3: "BatchNorm1d", 4: "BatchNorm2d", 5: "BatchNorm3d"}
