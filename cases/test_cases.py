@@ -22,7 +22,7 @@ def test_case(harness_session, harness_case, impl_adapter):
         pytest.xfail(f"known issue ({known['link']}): {record.status.value}: {record.message}")
     if known.get("now_passes"):
         warnings.warn(KnownIssueNowPasses(f"{record.case} [{record.impl}] passes; known issue {known['link']} "
-                                          "may be fixed: retire its entry in cases/known_issues.toml"))
+                                          "may be fixed: retire its entry in cases/known_issues.toml"), stacklevel=1)
     if record.status != Status.PASS:
         ranks = "\n".join(f"  rank {o.rank}: {o.status} {o.exception_type or ''} {o.message}".rstrip()
                           for o in record.ranks)
