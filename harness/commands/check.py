@@ -1,13 +1,31 @@
-"""``syncbn-harness check``: the ``git bisect run`` verdict (0 good, 1 bad, 125 untestable)."""
+"""``syncbn-harness check``: the ``git bisect run`` verdict (0 good, 1 bad, 125 untestable).
+
+Protocol: whatever happens, ``check`` exits 0, 1 or 125, never 2 (which git
+reads as bad) and never 128 or more (which aborts the bisect), with one
+deliberate exception: Ctrl-C (SIGINT) exits 130 to stop the bisection, as the
+user asked. In detail:
+- torch is first imported in a child process: a build whose torch crashes on
+  import (SIGSEGV, SIGABRT) is 125, not a crash of ``check``;
+- a usage error, a build of the kernels that fails, an implementation that
+  does not import, an empty selection, or any failure of the harness: 125;
+- SIGTERM (a timeout wrapper): 125;
+- records are judged as they arrive: a failure already seen stays a 1 even if
+  the harness fails later (a pool that cannot restart, say).
+The console entry point (:mod:`harness.entry`) keeps this promise even when
+the harness itself cannot be imported.
+"""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 
 import click
 
 from harness.cli import EXIT_UNTESTABLE, Selection, cli, selection_options
 from harness.errors import HarnessError
+
+TORCH_IMPORT_TIMEOUT_S = 600
 
 
 @cli.command()
@@ -17,9 +35,32 @@ def check(impls, case_patterns, exhaustive, device, backend, world_sizes, timeou
     sys.exit(check_exit_code(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout))
 
 
-def check_exit_code(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout) -> int:
-    """The verdict of ``check`` as an exit code; every failure of the harness itself is 125."""
+def torch_import_problem() -> str | None:
+    """Import torch in a child process; why it cannot be imported here, or None."""
     try:
+        proc = subprocess.run([sys.executable, "-c", "import torch, torch.distributed"], capture_output=True,
+                              text=True, timeout=TORCH_IMPORT_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"importing torch took more than {TORCH_IMPORT_TIMEOUT_S}s"
+    if proc.returncode == 0:
+        return None
+    if proc.returncode < 0:
+        import signal
+
+        return f"importing torch killed the process ({signal.Signals(-proc.returncode).name})"
+    tail = proc.stderr.strip().splitlines()[-1:] or ["(no message)"]
+    return f"importing torch failed: {tail[0]}"
+
+
+def check_exit_code(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout) -> int:
+    """The verdict of ``check`` as an exit code (see the module docstring)."""
+    bad: list = []
+    runnable = 0
+    try:
+        problem = torch_import_problem()
+        if problem:
+            click.echo(f"check: cannot test: {problem}", err=True)
+            return EXIT_UNTESTABLE
         from harness import records as rec
         from harness import runner
 
@@ -28,22 +69,29 @@ def check_exit_code(impls, case_patterns, exhaustive, device, backend, world_siz
         if not sel.cases:
             click.echo("check: nothing selected; cannot test", err=True)
             return EXIT_UNTESTABLE
-        out = list(runner.run_selection(sel.cases, impl_objs, sel.options))
-        runnable = [r for r in out if r.status not in (rec.Status.SKIPPED, rec.Status.UNSUPPORTED)]
+        for r in runner.run_selection(sel.cases, impl_objs, sel.options):
+            if r.status in (rec.Status.SKIPPED, rec.Status.UNSUPPORTED):
+                continue
+            runnable += 1
+            if r.failed:
+                bad.append(r)
+                click.echo(f"check: {r.status.value} {r.case} [{r.impl}] {r.message}", err=True)
         if not runnable:
             click.echo("check: every selected (case, impl) was skipped or unsupported; cannot test", err=True)
             return EXIT_UNTESTABLE
-        bad = [r for r in out if r.failed]
-        for r in bad:
-            click.echo(f"check: {r.status.value} {r.case} [{r.impl}] {r.message}", err=True)
-        click.echo(f"check: {len(runnable) - len(bad)} good, {len(bad)} bad", err=True)
+        click.echo(f"check: {runnable - len(bad)} good, {len(bad)} bad", err=True)
         return 1 if bad else 0
-    except HarnessError as exc:
+    except KeyboardInterrupt as exc:
+        if "signal" in str(exc):  # SIGTERM, turned into KeyboardInterrupt by the CLI
+            click.echo("check: terminated; cannot test", err=True)
+            return 1 if bad else EXIT_UNTESTABLE
+        raise  # Ctrl-C: stop the bisection (exit 130)
+    except (HarnessError, click.ClickException) as exc:
         click.echo(f"check: cannot test: {exc}", err=True)
-        return EXIT_UNTESTABLE
+        return 1 if bad else EXIT_UNTESTABLE
     except Exception as exc:  # noqa: BLE001 - a harness failure must never abort a bisect (exit >= 128)
         import traceback
 
         traceback.print_exc()
         click.echo(f"check: harness failure ({type(exc).__name__}: {exc}); cannot test", err=True)
-        return EXIT_UNTESTABLE
+        return 1 if bad else EXIT_UNTESTABLE

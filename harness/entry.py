@@ -1,0 +1,36 @@
+"""Console entry point: ``syncbn-harness`` and ``python -m harness``.
+
+It imports the CLI lazily so that ``check`` can keep its exit-code contract
+(0, 1, 125) even when the harness cannot be imported or its arguments do not
+parse: git reads 2 as "bad" and 128 or more as "abort the bisect".
+"""
+
+from __future__ import annotations
+
+import sys
+
+EXIT_UNTESTABLE = 125
+
+
+def main(argv=None) -> None:
+    """Run the CLI; for ``check``, map every exit but 0, 1 and Ctrl-C's 130 to 125."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    is_check = bool(args) and args[0] == "check"
+    try:
+        from harness.cli import main as cli_main
+
+        cli_main(args)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if is_check and code not in (0, 1, 130):
+            print(f"check: exit {code} means the build cannot be tested; exiting 125", file=sys.stderr)
+            sys.exit(EXIT_UNTESTABLE)
+        raise
+    except BaseException as exc:  # noqa: BLE001 - only for check: nothing may escape as an abort
+        if not is_check or isinstance(exc, KeyboardInterrupt):
+            raise
+        import traceback
+
+        traceback.print_exc()
+        print(f"check: the harness failed ({type(exc).__name__}: {exc}); cannot test", file=sys.stderr)
+        sys.exit(EXIT_UNTESTABLE)
