@@ -6,7 +6,6 @@ store keys are made from :func:`build_info`.
 
 from __future__ import annotations
 
-import importlib.util
 import platform
 import socket
 from dataclasses import asdict, dataclass
@@ -52,19 +51,10 @@ def build_info() -> BuildInfo:
 
 
 def apex_state() -> str:
-    """One of: not installed; installed without apex.parallel; python fallback; optimized extension."""
-    if importlib.util.find_spec("apex") is None:
-        return "not installed"
-    try:
-        import apex  # noqa: F401
-    except Exception as exc:  # noqa: BLE001 - report why apex is unusable
-        return f"installed but fails to import ({type(exc).__name__}: {exc})"
-    if importlib.util.find_spec("apex.parallel") is None:
-        return "installed without apex.parallel (removed in 2025, NVIDIA/apex PR #1896)"
-    try:
-        import apex.parallel  # noqa: F401
-    except Exception as exc:  # noqa: BLE001
-        return f"apex.parallel fails to import ({type(exc).__name__}: {exc})"
-    if importlib.util.find_spec("syncbn") is not None:
-        return "apex.parallel with the optimized CUDA extension (syncbn)"
-    return "apex.parallel, Python fallback (no syncbn extension)"
+    """apex's state, one sentence: not installed; without apex.parallel (PR #1896); Python fallback; optimized.
+
+    Detected as apex itself decides (see :func:`harness.impls.apex.probe`).
+    """
+    from harness.impls.apex import probe
+
+    return probe().text

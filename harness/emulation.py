@@ -26,7 +26,18 @@ that lookup answered ``"cpu"`` only for the duration of the forward call
 (:func:`privateuse1_answers_cpu`): the "module" path. Releases whose check
 reads ``input.is_cuda`` get :class:`FunctionDriven`, which repeats the
 module's bookkeeping and calls torch's autograd Function directly: the
-"function" path. ``SYNCBN_HARNESS_TORCH_PATH=function`` forces the latter.
+"function" path. ``SYNCBN_HARNESS_TORCH_PATH=module|function`` forces one.
+Seen: torch 2.13 and 2.1 take the module path, 1.13 the function path; both
+paths run on 2.13. Torch's Function also asks
+``torch.cuda.is_current_stream_capturing()`` (a CUDA build without a driver
+raises there, torch 1.13); with no CUDA device it is answered ``False`` in
+rank processes, the answer a GPU outside graph capture gives.
+
+A build that cannot be emulated (no ``torch.library.Library``, an ATen op
+missing, reference kernels that do not build for it) is reported by
+:func:`unavailable_reason`, and :func:`install` raises
+:class:`~harness.errors.ImplUnavailable` with that reason rather than failing
+inside torch.
 
 Op schemas are read from the installed build, not assumed: arguments are
 matched by name, an ``int[]`` counts argument becomes a tensor, and releases
@@ -39,10 +50,12 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+from typing import Optional
 
 import torch
 
 from harness import extension
+from harness.errors import ImplUnavailable, KernelBuildError
 
 OPS = ("batch_norm_stats", "batch_norm_gather_stats_with_counts", "batch_norm_elemt",
        "batch_norm_backward_reduce", "batch_norm_backward_elemt")
@@ -59,6 +72,7 @@ def installed_schema(op: str):
 
 
 def arg_names(op: str) -> list[str]:
+    """Argument names of the installed ``aten::<op>``, in order."""
     return [a.name for a in installed_schema(op).arguments]
 
 
@@ -101,16 +115,61 @@ def _kernel(op: str):
     return call
 
 
+def unavailable_reason() -> Optional[str]:
+    """Why the CPU emulation cannot run with this torch build (None if it can), naming the fix.
+
+    Checks what :func:`install` needs: ``torch.library.Library`` with ``IMPL``
+    registrations, the five ATen ops in the installed build, and the reference
+    extension (built here for this torch build if needed; a failed build is the reason).
+    """
+    if not hasattr(torch, "library") or not hasattr(torch.library, "Library"):
+        return (f"torch {torch.__version__} has no torch.library.Library, needed to register CPU kernels "
+                "for the five ATen ops: use torch >= 1.13, or run the torch impl on --device cuda")
+    for op in OPS:
+        try:
+            installed_schema(op)
+        except RuntimeError as exc:
+            return str(exc)
+    try:
+        extension.load()
+    except KernelBuildError as exc:
+        return f"the reference kernels do not build for torch {torch.__version__}: {exc}"
+    return None
+
+
 def install() -> None:
-    """Register the reference kernels as the CPU kernels of the five ATen ops (once per process)."""
+    """Register the reference kernels as the CPU kernels of the five ATen ops (once per process).
+
+    Only ever called in rank processes. Raises :class:`ImplUnavailable` with the
+    reason if this build cannot be emulated (see :func:`unavailable_reason`).
+    Where no CUDA device is usable (always, when emulating), torch's
+    ``torch.cuda.is_current_stream_capturing()`` is answered ``False`` in this
+    process: torch's Function asks it before dropping empty ranks' rows, and
+    CUDA builds without a driver (torch < 2) raise there instead.
+    """
     global _library
     if _library is not None:
         return
-    extension.load()
+    reason = unavailable_reason()
+    if reason:
+        raise ImplUnavailable(f"torch cpu-emulation unavailable: {reason}")
     lib = torch.library.Library("aten", "IMPL")
     for op in OPS:
         lib.impl(op, _kernel(op), "CPU")
+    if not torch.cuda.is_available():
+        _not_capturing()
     _library = lib  # the registrations live as long as this object
+
+
+def _not_capturing() -> None:
+    """``torch.cuda.is_current_stream_capturing()`` answers ``False`` (no CUDA stream exists here)."""
+    def is_current_stream_capturing() -> bool:
+        return False
+
+    torch.cuda.is_current_stream_capturing = is_current_stream_capturing
+    graphs = getattr(torch.cuda, "graphs", None)
+    if graphs is not None and hasattr(graphs, "is_current_stream_capturing"):
+        graphs.is_current_stream_capturing = is_current_stream_capturing
 
 
 def device_check_path() -> str:

@@ -55,9 +55,15 @@ def load(path: Optional[str] = None) -> tuple:
         except InvalidSpecifier:
             raise UsageError(f"{p}: issue #{i + 1} torch = {e['torch']!r} is not a version specifier "
                              "(e.g. '>=1.12,<2.15')") from None
-        Status(e["status"])  # raises on an unknown status
+        statuses = e["status"] if isinstance(e["status"], list) else [e["status"]]
+        for s in statuses:
+            try:
+                Status(s)
+            except ValueError:
+                raise UsageError(f"{p}: issue #{i + 1} status {s!r} is not one of "
+                                 f"{', '.join(x.value for x in Status)}") from None
         patterns = e["cases"] if isinstance(e["cases"], list) else [e["cases"]]
-        entries.append({**e, "cases": tuple(patterns), "_spec": spec})
+        entries.append({**e, "cases": tuple(patterns), "status": tuple(statuses), "_spec": spec})
     return tuple(entries)
 
 
@@ -82,8 +88,8 @@ def annotate(record: Record, path: Optional[str] = None) -> Record:
     e = match(record.impl, record.case, record.torch_version, path)
     if e is None:
         return record
-    info = {"link": e["link"], "expected": e["status"], "note": e.get("note", "").strip(),
-            "matched": record.status.value == e["status"]}
+    info = {"link": e["link"], "expected": list(e["status"]), "note": e.get("note", "").strip(),
+            "matched": record.status.value in e["status"]}
     if record.status == Status.PASS:
         info["now_passes"] = True
     record.known_issue = info

@@ -96,7 +96,7 @@ class Session:
         self.unavailable: dict[str, str] = {}
         for impl in impls:
             try:
-                impl.check_available()
+                impl.check_available_on(opts.device)
             except ImplUnavailable as exc:
                 self.unavailable[impl.name] = str(exc)
         if opts.device == "cuda" and not self.info.cuda_available:

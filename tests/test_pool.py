@@ -18,8 +18,8 @@ from harness.records import PEER_FAILED, Status
 from proctools import children_of
 
 PLUGINS = str(Path(__file__).parent / "support")
-CASE = "allgather-shape/uneven-2-6/ws2"
-NEXT = "allgather-shape/even-4-4/ws2"
+CASE = "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2"
+NEXT = "allgather-shape/even-4-4/float32-float32/contiguous/ws2"
 
 
 @pytest.fixture(autouse=True)

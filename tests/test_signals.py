@@ -20,7 +20,8 @@ def start_hanging_run(tmp_path):
     env = dict(os.environ, PYTHONPATH=SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", "run", "--impl", "probes:SleepOnRank1", "--case",
-         "allgather-shape/uneven-2-6/ws2", "--timeout", "600", "--store", str(tmp_path / "store")],
+         "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2", "--timeout", "600",
+         "--store", str(tmp_path / "store")],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     assert wait_until(lambda: len(rank_processes(proc.pid)) == 2, timeout=120), "ranks did not start"
     ranks = rank_processes(proc.pid)

@@ -61,8 +61,12 @@ class Impl(abc.ABC):
     def version(self) -> Optional[str]:
         return None
 
-    def check_available(self) -> None:
+    def check_available(self) -> None:  # noqa: B027 - available unless an adapter says otherwise
         """Raise :class:`harness.errors.ImplUnavailable` with the reason if this cannot run here."""
+
+    def check_available_on(self, device: str) -> None:
+        """Like :meth:`check_available`, for one device (an adapter may need more on some devices)."""
+        self.check_available()
 
     def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
         """Why this implementation cannot run ``case`` on ``device``, or None."""
@@ -87,7 +91,7 @@ class Impl(abc.ABC):
             return f"{self.name} does not support " + "; ".join(missing)
         return None
 
-    def setup_rank(self, device: str) -> None:
+    def setup_rank(self, device: str) -> None:  # noqa: B027 - most adapters need no preparation
         """Prepare a rank process once, before its first case (e.g. load kernels)."""
 
     @abc.abstractmethod

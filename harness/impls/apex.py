@@ -1,44 +1,128 @@
 """Adapter for ``apex.parallel.SyncBatchNorm`` (and ``apex.parallel.convert_syncbn_model``).
 
-States, each reported precisely (:func:`harness.buildinfo.apex_state`):
-- apex not installed (it is not on the package index; users build it from source);
-- apex installed without ``apex.parallel`` (removed in 2025, NVIDIA/apex PR #1896);
-- ``apex.parallel`` with the Python fallback (no ``syncbn`` extension), mode ``python-fallback``;
-- ``apex.parallel`` with the optimized CUDA extension, mode ``optimized`` (``channel_last=True``
-  for channels-last cases).
+Design: :func:`probe` finds which of apex's states this environment is in, the
+way apex itself decides (``apex/parallel/__init__.py`` tries ``import syncbn``
+then ``from .optimized_sync_batchnorm import SyncBatchNorm``, and on
+``ImportError`` exposes ``sync_batchnorm.SyncBatchNorm`` with the error kept
+as ``syncbn_import_error``). So the state is read from the class apex really
+exports, never guessed from a module being findable:
+
+- ``absent``: apex not installed (not on the package index; users build it from source);
+- ``removed``: apex installed without ``apex.parallel`` (removed in 2025, NVIDIA/apex PR #1896);
+- ``broken``: apex or ``apex.parallel`` fails to import (the exception is the reason);
+- ``fallback``: the Python fallback, mode ``python-fallback``;
+- ``optimized``: the ``syncbn`` CUDA extension, mode ``optimized``.
+
+What the harness does around apex's code, and nothing more:
+- The Python fallback calls ``torch.cuda.nvtx.range_push``/``range_pop``
+  (profiling marks, no effect on results). A CPU-only torch build has no NVTX
+  and raises there, so in rank processes of such a build those two calls are
+  made no-ops (mode ``python-fallback (nvtx no-op)``); everything else is apex's.
+- The optimized extension's ``channel_last=True`` takes the channel as the
+  LAST dimension (an NHWC-shaped tensor). Channels-last input (NCHW shape,
+  NHWC memory) is handed over as that NHWC view (a permute, no copy) and the
+  output viewed back, as an apex user with channels-last data would do.
+  With ``channel_last=False`` apex calls ``input.contiguous()``.
 """
 
 from __future__ import annotations
 
-import importlib.util
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from harness.case import Case
 from harness.errors import ImplUnavailable
 from harness.impls import Capabilities, Impl, register
 
+PR_REMOVED = "NVIDIA/apex PR #1896"
+INSTALL_HINT = (f"apex is not on the package index: build it from source at a commit before {PR_REMOVED} "
+                "for apex.parallel; its setup.py needs a CUDA build of torch and nvcc even without extensions, "
+                "so build a wheel there (`pip wheel --no-deps --no-build-isolation <checkout>`) and install it; "
+                "`--cuda_ext` adds the optimized syncbn extension")
 
-def _optimized() -> bool:
-    return importlib.util.find_spec("syncbn") is not None
+
+class ApexProbe(NamedTuple):
+    """Which state apex is in here (``kind``) and the sentence that reports it (``text``)."""
+
+    kind: str  # absent | removed | broken | fallback | optimized
+    text: str
+
+
+def probe() -> ApexProbe:
+    """Find apex's state by importing it as a user would (cheap after the first call)."""
+    import importlib
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("apex") is not None
+    except (ImportError, ValueError) as exc:
+        return ApexProbe("broken", f"installed but cannot be located ({type(exc).__name__}: {exc})")
+    if not found:
+        return ApexProbe("absent", f"not installed ({INSTALL_HINT})")
+    try:
+        apex = importlib.import_module("apex")
+    except Exception as exc:  # noqa: BLE001 - any import failure is the reason apex is unusable
+        return ApexProbe("broken", f"installed but `import apex` fails ({type(exc).__name__}: {exc})")
+    where = getattr(apex, "__file__", None)
+    if where is None:  # a bare directory named apex on sys.path, not the package
+        paths = ", ".join(getattr(apex, "__path__", []))
+        return ApexProbe("broken", f"`import apex` finds a directory without __init__.py ({paths}), not apex: "
+                                   "remove it from sys.path / PYTHONPATH or install apex")
+    if importlib.util.find_spec("apex.parallel") is None:
+        return ApexProbe("removed", f"installed ({where}) without apex.parallel: removed in 2025 by {PR_REMOVED}; "
+                                    f"install a commit before it to test apex.parallel.SyncBatchNorm")
+    try:
+        parallel = importlib.import_module("apex.parallel")
+        cls = parallel.SyncBatchNorm
+    except Exception as exc:  # noqa: BLE001
+        return ApexProbe("broken", f"apex.parallel fails to import ({type(exc).__name__}: {exc})")
+    err = getattr(cls, "syncbn_import_error", None)
+    if cls.__module__.endswith("optimized_sync_batchnorm") and err is None:
+        import sys
+
+        ext = getattr(sys.modules.get("syncbn"), "__file__", "?")
+        return ApexProbe("optimized", f"apex.parallel present, optimized CUDA extension (syncbn at {ext})")
+    why = f"{type(err).__name__}: {err}" if err is not None else "apex exports the Python SyncBatchNorm"
+    return ApexProbe("fallback", f"apex.parallel present, Python fallback (no optimized extension: {why})")
+
+
+def nvtx_usable() -> bool:
+    """Whether this torch build has NVTX (CPU-only builds raise in ``torch.cuda.nvtx.range_push``)."""
+    import torch
+
+    return hasattr(torch._C, "_nvtx")
+
+
+def _nvtx_noop() -> None:
+    """Make ``torch.cuda.nvtx.range_push``/``range_pop`` no-ops in this (rank) process."""
+    import torch.cuda.nvtx as nvtx
+
+    nvtx.range_push = lambda msg: 0
+    nvtx.range_pop = lambda: 0
+
+
+_FALLBACK_CAPS = Capabilities(convert=True)
+# The syncbn kernels dispatch float and half only (DISPATCH_FLOAT_AND_HALF in csrc/welford.cu);
+# parameters are float or the input's dtype.
+_OPTIMIZED_CAPS = Capabilities(devices=frozenset({"cuda"}), dtypes=frozenset({"float16", "float32"}),
+                               param_dtypes=frozenset({"float16", "float32"}), convert=True)
 
 
 @register("apex")
 class ApexImpl(Impl):
+    """``apex.parallel.SyncBatchNorm`` as apex exports it here (fallback or optimized)."""
+
     @property
     def capabilities(self) -> Capabilities:  # type: ignore[override]
-        if _optimized():
-            # The optimized path runs CUDA kernels; its channel_last kernel covers 4-D NHWC only.
-            return Capabilities(devices=frozenset({"cuda"}),
-                                memory_formats=frozenset({"contiguous", "channels_last"}))
-        return Capabilities()
+        return _OPTIMIZED_CAPS if probe().kind == "optimized" else _FALLBACK_CAPS
 
     @property
     def mode(self) -> Optional[str]:  # type: ignore[override]
-        try:
-            self.check_available()
-        except ImplUnavailable:
-            return None
-        return "optimized" if _optimized() else "python-fallback"
+        kind = probe().kind
+        if kind == "optimized":
+            return "optimized"
+        if kind == "fallback":
+            return "python-fallback" if nvtx_usable() else "python-fallback (nvtx no-op)"
+        return None
 
     def version(self) -> Optional[str]:
         from importlib.metadata import PackageNotFoundError, version
@@ -49,20 +133,41 @@ class ApexImpl(Impl):
             return None
 
     def check_available(self) -> None:
-        from harness.buildinfo import apex_state
+        p = probe()
+        if p.kind not in ("fallback", "optimized"):
+            raise ImplUnavailable(f"apex {p.text}")
 
-        state = apex_state()
-        if state == "not installed":
-            raise ImplUnavailable("apex is not installed (it is not on the package index: build it from "
-                                  "source, a commit before NVIDIA/apex PR #1896 for apex.parallel)")
-        if not state.startswith("apex.parallel"):
-            raise ImplUnavailable(f"apex unusable: {state}")
+    def describe(self) -> dict:
+        d = super().describe()
+        d["apex_state"] = probe().text
+        return d
+
+    def setup_rank(self, device: str) -> None:
+        if probe().kind == "fallback" and not nvtx_usable():
+            _nvtx_noop()
 
     def build(self, case: Case, process_group, device: str):
         from apex.parallel import SyncBatchNorm
 
-        kw = {}
-        if _optimized() and case.memory_format == "channels_last":
-            kw["channel_last"] = True
-        return SyncBatchNorm(case.channels, eps=case.eps, momentum=case.momentum, affine=case.affine,
-                             track_running_stats=case.track_running_stats, process_group=process_group, **kw)
+        # Positional, as apex's own convert_syncbn_model calls it (both classes share this prefix).
+        return SyncBatchNorm(case.channels, case.eps, case.momentum, case.affine, case.track_running_stats,
+                             process_group)
+
+    def convert(self, model, process_group):
+        from apex.parallel import convert_syncbn_model
+
+        return convert_syncbn_model(model, process_group=process_group)
+
+    def forward(self, module, input):
+        if getattr(module, "channel_last", None) is None or input.dim() <= 2:
+            return module(input)  # the Python fallback, or 2-D input (apex treats it as channel-last itself)
+        import torch
+
+        fmt = torch.channels_last if input.dim() == 4 else torch.channels_last_3d
+        nhwc = input.dim() in (4, 5) and input.is_contiguous(memory_format=fmt) and not input.is_contiguous()
+        module._specify_channel_last(nhwc)
+        if not nhwc:
+            return module(input)
+        to_last = (0, *range(2, input.dim()), 1)
+        back = (0, input.dim() - 1, *range(1, input.dim() - 1))
+        return module(input.permute(to_last)).permute(back)

@@ -20,6 +20,15 @@ class TorchImpl(Impl):
 
         return torch.__version__
 
+    def check_available_on(self, device: str) -> None:
+        if device == "cpu":
+            from harness import emulation
+            from harness.errors import ImplUnavailable
+
+            reason = emulation.unavailable_reason()
+            if reason:
+                raise ImplUnavailable(f"torch cpu-emulation unavailable: {reason}")
+
     def setup_rank(self, device: str) -> None:
         if device == "cpu":
             from harness import emulation
