@@ -49,3 +49,23 @@ def cuda_compile(session: nox.Session) -> None:
         "'syncbn_ref::' + o, 'CUDA')]; "
         "assert not missing, missing; print('CUDA kernels registered for', len(ops), 'ops')"),
         env={"SYNCBN_HARNESS_CACHE": cache})
+
+
+@nox.session(python="3.11")
+@nox.parametrize("torch_build", [CPU_TORCH, CUDA_TORCH], ids=["torch-2.13.0", "torch-2.14.1"])
+def builds(session: nox.Session, torch_build: str) -> None:
+    """The default selection against torch 2.13.0 and 2.14.1 (each in its own venv) into one store, then the report.
+
+    `nox -s builds` runs both builds in turn; each writes the cross-build report over the whole store
+    afterwards, so the last one covers both. Extra arguments go to `run` (e.g. `-- --resume`).
+    """
+    session.install(torch_build, "-e", ".")
+    store = os.environ.get("SYNCBN_HARNESS_STORE") or os.path.join("results", "builds")
+    out = os.environ.get("SYNCBN_HARNESS_REPORTS") or os.path.join("reports", "builds")
+    cache = os.path.join(session.virtualenv.location, "syncbn-cache")
+    env = {"SYNCBN_HARNESS_CACHE": cache, "MAX_JOBS": "2"}
+    session.run("syncbn-harness", "env", env=env)
+    # Exit 1 means some case failed on this build: that is a finding for the report, not a session failure.
+    session.run("syncbn-harness", "run", "--device", "cpu", "--store", store, *session.posargs, env=env,
+                success_codes=[0, 1])
+    session.run("syncbn-harness", "report", "--store", store, "--out", out, env=env)

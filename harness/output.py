@@ -1,4 +1,4 @@
-"""Human and machine output of a run: the summary table and JUnit XML."""
+"""Human and machine output of a run: the summary table and JUnit XML (shared with `gate`)."""
 
 from __future__ import annotations
 
@@ -37,24 +37,43 @@ def print_table(records: Sequence[Record]) -> None:
     click.echo(f"\n{len(records)} records: {summary}  ({total:.1f}s in cases)")
 
 
-def write_junit(records: Sequence[Record], path: str) -> None:
-    """JUnit XML: one testcase per (case, impl); failures carry the message and rank attribution."""
-    suite = ET.Element("testsuite", name="syncbn-harness", tests=str(len(records)))
-    failures = errors = skipped = 0
+def junit_rows(records: Sequence[Record]) -> list[dict]:
+    """A run's JUnit testcases: failures and errors carry the message and the rank attribution."""
+    rows = []
     for r in records:
-        tc = ET.SubElement(suite, "testcase", classname=r.impl, name=r.case, time=f"{r.duration_s:.3f}")
         detail = "\n".join(f"rank {o.rank}: {o.status} {o.exception_type or ''} {o.message}".strip()
                            for o in r.ranks)
+        row = {"classname": r.impl, "name": r.case, "time": r.duration_s, "outcome": "pass"}
         if r.status == Status.MISMATCH or (r.status.value in ("crash", "hang") and not r.known_issue):
-            failures += 1
-            ET.SubElement(tc, "failure", message=r.message or r.status.value, type=r.status.value).text = detail
+            row.update(outcome="failure", message=r.message or r.status.value, type=r.status.value, detail=detail)
         elif r.status == Status.ERROR:
-            errors += 1
-            ET.SubElement(tc, "error", message=r.message or "error", type="error").text = detail
+            row.update(outcome="error", message=r.message or "error", type="error", detail=detail)
         elif r.status in (Status.SKIPPED, Status.UNSUPPORTED):
-            skipped += 1
-            ET.SubElement(tc, "skipped", message=f"{r.status.value}: {r.message}")
-    suite.set("failures", str(failures))
-    suite.set("errors", str(errors))
-    suite.set("skipped", str(skipped))
+            row.update(outcome="skipped", message=f"{r.status.value}: {r.message}")
+        rows.append(row)
+    return rows
+
+
+def write_junit(records: Sequence[Record], path: str) -> None:
+    """JUnit XML: one testcase per (case, impl); failures carry the message and rank attribution."""
+    write_junit_rows(junit_rows(records), path)
+
+
+def write_junit_rows(rows: Sequence[dict], path: str, suite_name: str = "syncbn-harness") -> None:
+    """JUnit XML from rows of ``classname``, ``name``, ``time``, ``outcome`` (pass, failure, error,
+    skipped), ``message``, ``type`` and ``detail``."""
+    suite = ET.Element("testsuite", name=suite_name, tests=str(len(rows)))
+    counts = collections.Counter(row["outcome"] for row in rows)
+    for row in rows:
+        tc = ET.SubElement(suite, "testcase", classname=row["classname"], name=row["name"],
+                           time=f"{float(row.get('time') or 0.0):.3f}")
+        outcome = row["outcome"]
+        if outcome in ("failure", "error"):
+            ET.SubElement(tc, outcome, message=row.get("message") or outcome,
+                          type=row.get("type") or outcome).text = row.get("detail") or ""
+        elif outcome == "skipped":
+            ET.SubElement(tc, "skipped", message=row.get("message") or "skipped")
+    suite.set("failures", str(counts["failure"]))
+    suite.set("errors", str(counts["error"]))
+    suite.set("skipped", str(counts["skipped"]))
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)

@@ -2,18 +2,29 @@
 
 Layout: ``<store>/<build key>.jsonl``; the build key is the torch version, the
 first 12 digits of its git commit, the device and the backend, e.g.
-``2.13.0+cpu-cf30153c4c13-cpu-gloo.jsonl``. One record per line.
+``2.13.0+cpu-cf30153c4c13-cpu-gloo.jsonl``. One record per line, each line a
+record's ``to_dict()`` plus ``harness_version`` (the release that wrote it, so
+that an older harness can name the release it needs). A ``<key>.jsonl.lock``
+file beside each store file serializes writers.
 
 Protocol:
 - :meth:`Store.append` writes one whole line with a single ``write`` on a file
-  opened ``O_APPEND``, under a file lock, then flushes and fsyncs. A run killed
-  at any moment loses at most the record in flight; concurrent writers never
-  interleave lines.
-- :meth:`Store.read` parses every line. A torn last line (a write cut short
-  by a kill) is dropped with a warning. A record of a newer
-  ``schema_version`` is refused with a message naming the harness version
-  needed; older ones are migrated on read (:data:`MIGRATIONS`).
-- Nothing is ever rewritten in place: the store is append-only.
+  opened ``O_APPEND``, under a file lock, then fsyncs (and fsyncs the
+  directory when it created the file). A run killed at any moment loses at
+  most the record in flight; concurrent writers (two runs, or torchrun's rank
+  0 beside a local run) never interleave lines.
+- A writer killed mid-line leaves a torn tail without a newline; the next
+  append starts on a fresh line, so the torn fragment stays a line of its own.
+- :func:`read_file` parses every line. A line that is not a JSON record (the
+  torn tail of a killed run) is dropped with a warning naming the line.
+  Records of a newer ``schema_version`` refuse the whole file with a message
+  naming the harness release needed (:class:`StoreError`, exit 3); older ones
+  are migrated on read (:data:`MIGRATIONS`).
+- :meth:`Store.prepare` refuses, before any case runs, to append to a file
+  that holds newer records, so a run never mixes formats and loses nothing.
+- Nothing is ever rewritten in place: the store is append-only. A build may
+  hold several records of one (case, impl) (runs without ``--resume``); readers
+  that want one take the last (:func:`latest`).
 """
 
 from __future__ import annotations
@@ -23,18 +34,19 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 from harness import SCHEMA_VERSION, __version__
-from harness.errors import HarnessError
+from harness.errors import HarnessError, UsageError
 from harness.records import Record
 
 log = logging.getLogger(__name__)
 
-# schema_version -> (function migrating a record dict of that version to the next)
+# schema_version -> function migrating a record dict of that version to the next one.
 MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
 # The first harness release that writes each schema version (for the refusal message).
 HARNESS_FOR_SCHEMA = {1: "0.1.0"}
+LOCK_TIMEOUT_S = 60.0
 
 
 class StoreError(HarnessError):
@@ -48,6 +60,7 @@ def build_key(torch_version: str, torch_git_version: str, device: str, backend: 
 
 
 def record_key(record: Record) -> str:
+    """The build key a record is stored under."""
     return build_key(record.torch_version, record.torch_git_version, record.device, record.backend)
 
 
@@ -56,6 +69,7 @@ class Store:
 
     def __init__(self, path: os.PathLike | str):
         self.path = Path(path)
+        self._checked: set[Path] = set()  # files whose schema this writer has checked
 
     def _ensure_dir(self) -> None:
         try:
@@ -63,45 +77,102 @@ class Store:
         except OSError as exc:
             raise StoreError(f"store directory {self.path} cannot be created ({exc.strerror}): "
                              "choose another with --store DIR") from None
-        if not os.access(self.path, os.W_OK):
+        if not os.access(self.path, os.W_OK | os.X_OK):
             raise StoreError(f"store directory {self.path} is not writable: choose another with --store DIR")
 
     def file_for(self, key: str) -> Path:
+        """The JSON Lines file of build ``key``."""
         return self.path / f"{key}.jsonl"
 
-    def append(self, record: Record) -> Path:
-        """Append one record to its build's file, durably."""
-        from filelock import FileLock
+    def prepare(self, key: str) -> None:
+        """Check, before a run, that records of build ``key`` can be appended here.
 
+        Raises :class:`StoreError` if the directory is not writable or the
+        file holds records of a newer schema (nothing is written then).
+        """
         self._ensure_dir()
-        target = self.file_for(record_key(record))
-        line = (json.dumps(record.to_dict(), sort_keys=True, allow_nan=False) + "\n").encode()
-        with FileLock(str(target) + ".lock", timeout=60):
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                # A previous writer killed mid-line left a torn tail: start on a fresh line.
-                size = os.fstat(fd).st_size
-                if size and _last_byte(target, size) != b"\n":
-                    line = b"\n" + line
-                os.write(fd, line)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        target = self.file_for(key)
+        if target in self._checked:
+            return
+        if target.exists():
+            if not os.access(target, os.W_OK):
+                raise StoreError(f"store file {target} is not writable: fix its permissions or choose another "
+                                 "store with --store DIR")
+            read_file(target)  # raises on a newer schema
+        self._checked.add(target)
+
+    def append(self, record: Record) -> Path:
+        """Append one record to its build's file, durably (one line, one write, fsync)."""
+        from filelock import FileLock, Timeout
+
+        key = record_key(record)
+        self.prepare(key)
+        target = self.file_for(key)
+        d = record.to_dict()
+        d["harness_version"] = __version__
+        line = (json.dumps(d, sort_keys=True, allow_nan=False) + "\n").encode()
+        lock = str(target) + ".lock"
+        try:
+            with FileLock(lock, timeout=LOCK_TIMEOUT_S):
+                created = not target.exists()
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                try:
+                    size = os.fstat(fd).st_size
+                    if size and _last_byte(target, size) != b"\n":
+                        line = b"\n" + line  # a killed writer left a torn tail: keep it on its own line
+                    _write_all(fd, line)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                if created:
+                    _fsync_dir(self.path)
+        except Timeout:
+            raise StoreError(f"store file {target} stayed locked for {LOCK_TIMEOUT_S:.0f}s ({lock}): another "
+                             "process holds it; wait for it or remove a stale lock file") from None
+        except OSError as exc:
+            raise StoreError(f"cannot append to store file {target}: {exc.strerror}; choose another store with "
+                             "--store DIR") from None
         return target
 
     def builds(self) -> list[str]:
         """Build keys present in the store, sorted."""
         if not self.path.is_dir():
             return []
-        return sorted(p.stem for p in self.path.glob("*.jsonl"))
+        return sorted(p.name[:-len(".jsonl")] for p in self.path.glob("*.jsonl"))
 
     def read(self, key: Optional[str] = None) -> list[Record]:
         """Every record of one build (or of all builds), migrated to the current schema."""
         keys = [key] if key else self.builds()
         out = []
         for k in keys:
-            out.extend(read_file(self.file_for(k)))
+            if self.file_for(k).exists():
+                out.extend(read_file(self.file_for(k)))
         return out
+
+    def resolve_build(self, name: str) -> str:
+        """The build key ``name`` stands for: a key present here, or an unambiguous prefix of one."""
+        builds = self.builds()
+        if name in builds:
+            return name
+        if name.endswith(".jsonl") and name[:-len(".jsonl")] in builds:
+            return name[:-len(".jsonl")]
+        matches = [b for b in builds if b.startswith(name)]
+        if len(matches) == 1:
+            return matches[0]
+        if not builds:
+            raise UsageError(f"build {name!r}: the store {self.path} holds no build; run `syncbn-harness run "
+                             f"--store {self.path}` first or choose another with --store DIR")
+        if matches:
+            raise UsageError(f"build {name!r} is ambiguous in {self.path}: it starts {', '.join(matches)}; give "
+                             "more of the key")
+        raise UsageError(f"build {name!r} matches no build in {self.path}: choose one of {', '.join(builds)} "
+                         "(or an unambiguous prefix)")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        n = os.write(fd, data)
+        data = data[n:]
 
 
 def _last_byte(path: Path, size: int) -> bytes:
@@ -110,49 +181,113 @@ def _last_byte(path: Path, size: int) -> bytes:
         return f.read(1)
 
 
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems cannot fsync a directory; the file itself is synced
+    finally:
+        os.close(fd)
+
+
 def migrate(d: dict, source: str) -> dict:
     """Bring a record dict to :data:`SCHEMA_VERSION`, or refuse one from a newer harness."""
     version = d.get("schema_version", 1)
+    if not isinstance(version, int):
+        raise StoreError(f"{source}: schema_version {version!r} is not an integer; the file is not a "
+                         "syncbn-harness store")
     if version > SCHEMA_VERSION:
-        need = HARNESS_FOR_SCHEMA.get(version, f"a release newer than {__version__}")
-        raise StoreError(f"{source} holds records of schema_version {version}, newer than this harness "
-                         f"({__version__}, schema {SCHEMA_VERSION}): upgrade syncbn-harness to {need} or later")
+        writer = d.get("harness_version")
+        need = HARNESS_FOR_SCHEMA.get(version) or writer
+        how = f"{need} or later" if need else f"a release newer than {__version__} (one that reads schema {version})"
+        raise StoreError(f"{source} holds records of schema_version {version}"
+                         + (f" (written by syncbn-harness {writer})" if writer else "")
+                         + f", newer than this harness reads (syncbn-harness {__version__}, schema "
+                         f"{SCHEMA_VERSION}): upgrade syncbn-harness to {how}; the file is left untouched")
     while version < SCHEMA_VERSION:
-        d = MIGRATIONS[version](d)
+        if version not in MIGRATIONS:
+            raise StoreError(f"{source}: no migration from schema_version {version} to {SCHEMA_VERSION} in "
+                             f"syncbn-harness {__version__}; re-run those builds into a fresh store")
+        d = MIGRATIONS[version](dict(d))
         version = d["schema_version"]
     return d
 
 
-def read_file(path: Path) -> list[Record]:
-    """Records of one JSON Lines file (or a JSON array as printed by ``run --format json``)."""
+def read_file(path: os.PathLike | str) -> list[Record]:
+    """Records of one JSON Lines file (or a JSON array as printed by ``run --format json``).
+
+    Lines that are not records (a torn tail left by a killed run) are dropped
+    with a warning; a record of a newer schema refuses the whole file.
+    """
+    path = Path(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
-        raise StoreError(f"no such results file {path}") from None
+        raise StoreError(f"no such results file {path}: give a store .jsonl file or the output of "
+                         "`run --format json`") from None
+    except IsADirectoryError:
+        raise StoreError(f"{path} is a directory: give a store .jsonl file inside it") from None
     except OSError as exc:
         raise StoreError(f"cannot read {path}: {exc.strerror}") from None
-    if text.lstrip().startswith("["):
-        try:
-            return [Record.from_dict(migrate(d, str(path))) for d in json.loads(text)]
-        except json.JSONDecodeError as exc:
-            raise StoreError(f"{path} is not valid JSON ({exc}); expected the output of `run --format json` "
-                             "or a store .jsonl file") from None
-    lines = text.split("\n")
+    if data.lstrip().startswith(b"["):
+        return _read_array(path, data)
+    lines = data.split(b"\n")
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     out = []
-    for i, line in enumerate(lines):
-        if not line.strip():
+    for i, raw in enumerate(lines):
+        if not raw.strip():
             continue
         try:
-            d = json.loads(line)
-        except json.JSONDecodeError:
-            last = all(not rest.strip() for rest in lines[i + 1:])
-            where = "torn last line" if last else f"corrupt line {i + 1}"
-            log.warning("%s: dropping %s (a run killed mid-write leaves one)", path, where)
+            d = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            d = None
+        if not isinstance(d, dict) or "status" not in d or "case" not in d:
+            where = "torn last line" if i == last else f"corrupt line {i + 1}"
+            log.warning("%s: dropping %s %r (a run killed mid-write leaves one)", path, where, raw[:60])
             continue
-        out.append(Record.from_dict(migrate(d, str(path))))
+        out.append(_record(d, path, i + 1))
     return out
+
+
+def _read_array(path: Path, data: bytes) -> list[Record]:
+    try:
+        items = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise StoreError(f"{path} is not valid JSON ({exc}); expected the output of `run --format json` "
+                         "or a store .jsonl file") from None
+    if not isinstance(items, list) or not all(isinstance(d, dict) for d in items):
+        raise StoreError(f"{path}: expected a JSON array of records, as printed by `run --format json`")
+    return [_record(d, path, i + 1) for i, d in enumerate(items)]
+
+
+def _record(d: dict, path: Path, where: int) -> Record:
+    d = migrate(d, str(path))
+    try:
+        return Record.from_dict(d)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StoreError(f"{path}: record {where} is not a syncbn-harness record ({type(exc).__name__}: {exc})") \
+            from None
 
 
 def completed(records: Iterable[Record]) -> set[tuple[str, str]]:
     """(case, impl) pairs already stored, for ``--resume``."""
     return {(r.case, r.impl) for r in records}
+
+
+def pending(case_ids: Sequence[str], impl_names: Sequence[str], done: set[tuple[str, str]]) -> list[tuple[str, str]]:
+    """(case, impl) pairs of a selection that ``done`` does not hold, in run order."""
+    return [(c, i) for c in case_ids for i in impl_names if (c, i) not in done]
+
+
+def latest(records: Iterable[Record]) -> list[Record]:
+    """One record per (build, impl, case): the last one appended (a re-run supersedes earlier ones)."""
+    out: dict[tuple[str, str, str], Record] = {}
+    for r in records:
+        key = (record_key(r), r.impl, r.case)
+        out.pop(key, None)  # keep insertion order of the latest
+        out[key] = r
+    return list(out.values())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -20,19 +21,42 @@ from harness.cli import Selection, cli, default_store, selection_options
 def run(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout, store_dir, resume, fmt, junit):
     """Run the selected cases, store and print the records. Exit 1 on any unexpected failure."""
     from harness import records as rec
+    from harness import torchrun
     from harness.output import print_table, write_junit
+    from harness.progress import Progress, wanted
     from harness.runner import execute_run
 
     sel = Selection(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout)
+    impl_objs = sel.impls()
+    store_dir = store_dir or default_store()
+    total = len(sel.cases) * len(impl_objs)
+    if torchrun.under_torchrun():
+        world = int(os.environ["WORLD_SIZE"])  # torchrun runs only the cases of its world size
+        total = sum(c.world_size == world for c in sel.cases) * len(impl_objs)
+    else:
+        todo = planned(store_dir, sel, impl_objs, resume)
+        if resume and not todo and sel.cases:
+            click.echo(f"resume: the store {store_dir} already holds all {total} (case, impl) results of this "
+                       "selection for this build; nothing left to run (see them with `syncbn-harness report`, "
+                       "or run without --resume to run them again)", err=True)
+            if fmt == "json":
+                click.echo("[]")
+            sys.exit(0)
+        if resume and len(todo) < total:
+            click.echo(f"resume: {total - len(todo)} of {total} (case, impl) results already in {store_dir}; "
+                       f"running the {len(todo)} left", err=True)
+        total = len(todo)
 
-    def progress(record):
-        if fmt == "table":
-            click.echo(f"{record.status.value:<11} {record.case}  [{record.impl}]"
-                       + (f"  {record.message}" if record.message and record.status != rec.Status.PASS else ""),
-                       err=True)
+    with Progress(total, enabled=wanted(sys.stderr, fmt)) as bar:
+        def on_record(record):
+            bar.update(record)
+            if fmt == "json" or (bar.enabled and record.status == rec.Status.PASS):
+                return  # the progress line counts passes; log lines are for what needs a look
+            bar.write(f"{record.status.value:<11} {record.case}  [{record.impl}]"
+                      + (f"  {record.message}" if record.message and record.status != rec.Status.PASS else ""))
 
-    out, is_writer = execute_run(sel.cases, sel.impls(), sel.options, store_dir=store_dir or default_store(),
-                                 resume=resume, on_record=progress)
+        out, is_writer = execute_run(sel.cases, impl_objs, sel.options, store_dir=store_dir, resume=resume,
+                                     on_record=on_record)
     if not is_writer:
         sys.exit(0)  # a torchrun rank other than 0: rank 0 reports
     if fmt == "json":
@@ -42,3 +66,20 @@ def run(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout,
     if junit:
         write_junit(out, junit)
     sys.exit(rec.exit_code(out))
+
+
+def planned(store_dir, sel: Selection, impl_objs, resume: bool) -> list[tuple[str, str]]:
+    """The (case, impl) pairs this run will run; checks first that the store can take them.
+
+    Refuses (StoreError, exit 3) a store that is not writable or whose file
+    for this build holds records of a newer schema, before any case runs.
+    """
+    from harness.buildinfo import build_info
+    from harness.store import Store, build_key, completed, pending
+
+    info = build_info()
+    key = build_key(info.torch_version, info.torch_git_version, sel.options.device, sel.options.resolved_backend)
+    store = Store(store_dir)
+    store.prepare(key)
+    done = completed(store.read(key)) if resume else set()
+    return pending([c.id for c in sel.cases], [i.name for i in impl_objs], done)
