@@ -18,15 +18,23 @@ from harness.cli import Selection, cli, default_store, selection_options
 @click.option("--resume", is_flag=True, help="Skip what the store already holds for this build and selection.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
 @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Also write JUnit XML here.")
-def run(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout, store_dir, resume, fmt, junit):
+@click.option("--compare", default=None, metavar="A,B",
+              help="A's records also say how A differs from B on the same inputs (both are run).")
+@click.option("-v", "--verbose", is_flag=True, help="List every record in the table, not only those that did not pass.")
+def run(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout, store_dir, resume, fmt, junit,
+        compare, verbose):
     """Run the selected cases, store and print the records. Exit 1 on any unexpected failure."""
     from harness import records as rec
     from harness import torchrun
-    from harness.output import print_table, write_junit
+    from harness.output import print_table, status_label, write_junit
     from harness.progress import Progress, wanted
     from harness.runner import execute_run
 
     sel = Selection(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout)
+    if compare:
+        pair = parse_compare(compare)
+        sel.impl_names += [n for n in pair if n not in sel.impl_names]
+        sel.options.compare = pair
     impl_objs = sel.impls()
     store_dir = store_dir or default_store()
     total = len(sel.cases) * len(impl_objs)
@@ -52,7 +60,7 @@ def run(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout,
             bar.update(record)
             if fmt == "json" or (bar.enabled and record.status == rec.Status.PASS):
                 return  # the progress line counts passes; log lines are for what needs a look
-            bar.write(f"{record.status.value:<11} {record.case}  [{record.impl}]"
+            bar.write(f"{status_label(record):<14} {record.case}  [{record.impl}]"
                       + (f"  {record.message}" if record.message and record.status != rec.Status.PASS else ""))
 
         out, is_writer = execute_run(sel.cases, impl_objs, sel.options, store_dir=store_dir, resume=resume,
@@ -62,10 +70,20 @@ def run(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout,
     if fmt == "json":
         click.echo(json.dumps([r.to_dict() for r in out], indent=2))
     else:
-        print_table(out)
+        print_table(out, verbose=verbose)
     if junit:
         write_junit(out, junit)
     sys.exit(rec.exit_code(out))
+
+
+def parse_compare(value: str) -> tuple[str, str]:
+    """``A,B`` -> (A, B); anything else is a usage error naming the value."""
+    from harness.errors import UsageError
+
+    parts = [p.strip() for p in value.split(",")]
+    if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
+        raise UsageError(f"--compare {value!r}: give two different implementations, e.g. --compare torch,reference")
+    return parts[0], parts[1]
 
 
 def planned(store_dir, sel: Selection, impl_objs, resume: bool) -> list[tuple[str, str]]:
