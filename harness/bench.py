@@ -122,7 +122,8 @@ def _bench_shape(ops, label, shape, dtype, fmt, repeat, echo) -> dict:
 
 # ---------------------------------------------------------------------- pool
 
-POOL_CASES = ("allgather-shape/uneven-2-6/ws2", "allgather-shape/even-4-4/ws2",
+POOL_CASES = ("allgather-shape/uneven-2-6/float32-float32/contiguous/ws2",
+              "allgather-shape/even-4-4/float32-float32/contiguous/ws2",
               "channels-last/uneven/channels_last/ws2", "mixed-precision/uneven/float16-float32/ws2",
               "module-config/input-2d/ws2")
 
