@@ -143,7 +143,10 @@ def builtin_names() -> list[str]:
 
 
 def _load_builtins() -> None:
-    from harness.impls import apex, reference, torch_native  # noqa: F401  (they register on import)
+    # Importing an adapter registers it; this order is the order of tables and of the default selection.
+    import harness.impls.reference  # noqa: F401
+    import harness.impls.torch_native  # noqa: F401
+    import harness.impls.apex  # noqa: F401,I001
 
 
 def _entry_points() -> dict:
