@@ -24,7 +24,73 @@ from pathlib import Path
 
 from harness.errors import KernelBuildError
 
-EXT_CFLAGS = ["-O3"]
+def _cpu_flags() -> set[str]:
+    """Feature flags of this machine's CPU from /proc/cpuinfo (empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return set()
+
+
+# ISA flag sets, best first: (features /proc/cpuinfo must list, compiler flags). The kernels vectorize
+# float64 lanes and convert half with F16C; AVX-512 doubles the float64 lanes per instruction.
+_ISA_LEVELS = [
+    ({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"},
+     ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl"]),
+    ({"avx2", "fma", "f16c"}, ["-mavx2", "-mfma", "-mf16c"]),
+]
+
+
+def isa_cflags(cpu_flags: set[str] | None = None) -> list[str]:
+    """The best ISA flags this CPU supports (x86-64 only), else none: portable code.
+
+    The extension is JIT-built on the machine that runs it, and the flags are part of the
+    cache key, so a binary built for one CPU is never loaded on a CPU that lacks its ISA.
+    ``SYNCBN_HARNESS_PORTABLE=1`` forces the portable build.
+    """
+    import platform
+
+    if os.environ.get("SYNCBN_HARNESS_PORTABLE") == "1":
+        return []
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return []
+    have = _cpu_flags() if cpu_flags is None else cpu_flags
+    for needs, flags in _ISA_LEVELS:
+        if needs <= have:
+            return list(flags)
+    return []
+
+
+def openmp_cflags() -> list[str]:
+    """``-fopenmp`` when torch's intra-op threads are OpenMP and the compiler is GCC, else none.
+
+    ``at::parallel_for`` is a header template: built without ``-fopenmp`` its ``#pragma omp parallel`` is
+    ignored and every kernel runs on one thread. Compiled (not linked) with it, GCC's ``GOMP_*`` calls
+    resolve to the libgomp torch has loaded: one thread pool, sized by ``torch.set_num_threads``. Clang's
+    ``-fopenmp`` targets another runtime, so only GCC gets the flag. Decided from torch's ATen/Config.h
+    and the compiler's path, without importing torch or running anything.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations or not sys.platform.startswith("linux"):
+        return []
+    config = Path(list(spec.submodule_search_locations)[0]) / "include" / "ATen" / "Config.h"
+    try:
+        if "#define AT_PARALLEL_OPENMP 1" not in config.read_text(errors="replace"):
+            return []
+    except OSError:
+        return []
+    cxx = shutil.which(os.environ.get("CXX", "c++"))
+    name = Path(os.path.realpath(cxx)).name if cxx else ""
+    return ["-fopenmp"] if ("g++" in name or "gcc" in name) and "clang" not in name else []
+
+
+EXT_CFLAGS = ["-O3"] + isa_cflags() + openmp_cflags()
 EXT_CUDA_CFLAGS = ["-O3"]
 DEFAULT_CUDA_ARCHS = "8.0;9.0"
 LOCK_TIMEOUT_S = 1800  # a CUDA build on two cores takes minutes, never half an hour
@@ -95,7 +161,9 @@ class BuildSpec:
             str(torch.version.git_version),
             str(torch.version.cuda),
             f"cuda={self.with_cuda}:{self.cuda_archs}",
-            " ".join(EXT_CFLAGS + EXT_CUDA_CFLAGS),
+            # Host flags, ISA flags included: a build for another CPU's ISA is another binary.
+            "cflags=" + " ".join(EXT_CFLAGS),
+            "cuda_cflags=" + " ".join(EXT_CUDA_CFLAGS),
             sys.version.split()[0],
         ):
             h.update(part.encode() + b"\0")
