@@ -98,6 +98,15 @@ LOCK_TIMEOUT_S = 1800  # a CUDA build on two cores takes minutes, never half an 
 _loaded: dict[str, Path] = {}
 
 
+def host_cflags() -> list[str]:
+    """Host compiler flags for the installed torch: torch < 2 builds extensions as C++14 by default,
+    and the kernels need C++17 (newer releases pass C++17 or C++20 themselves)."""
+    import torch
+
+    major = int(torch.__version__.split(".")[0])
+    return EXT_CFLAGS + (["-std=c++17"] if major < 2 else [])
+
+
 def cache_root() -> Path:
     """Where built extensions live: ``$SYNCBN_HARNESS_CACHE`` or ``~/.cache/syncbn-harness``."""
     env = os.environ.get("SYNCBN_HARNESS_CACHE")
@@ -162,7 +171,7 @@ class BuildSpec:
             str(torch.version.cuda),
             f"cuda={self.with_cuda}:{self.cuda_archs}",
             # Host flags, ISA flags included: a build for another CPU's ISA is another binary.
-            "cflags=" + " ".join(EXT_CFLAGS),
+            "cflags=" + " ".join(host_cflags()),
             "cuda_cflags=" + " ".join(EXT_CUDA_CFLAGS),
             sys.version.split()[0],
         ):
@@ -279,7 +288,7 @@ def _compile(spec: BuildSpec, *, verbose: bool) -> None:
         cpp.load(
             name=spec.name,
             sources=[str(s) for s in spec.sources],
-            extra_cflags=EXT_CFLAGS,
+            extra_cflags=host_cflags(),
             extra_cuda_cflags=EXT_CUDA_CFLAGS if spec.with_cuda else None,
             build_directory=str(spec.directory),
             with_cuda=spec.with_cuda,

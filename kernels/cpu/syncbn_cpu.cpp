@@ -556,7 +556,7 @@ Moments moments_cpu(const Tensor& x, const View& v) {
   out.m2.assign(v.channels, 0.0);
   out.count = static_cast<double>(v.outer * v.inner);
   if (v.outer == 0 || v.inner == 0 || v.channels == 0) return out;
-  const T* data = x.const_data_ptr<T>();
+  const T* data = x.data_ptr<T>();
   const int64_t C = v.channels;
   const int64_t inner = v.inner;
 
@@ -650,7 +650,7 @@ Moments moments(const Tensor& input) {
 // Reads a 1-D float tensor (any floating or integer dtype) as doubles.
 std::vector<double> as_doubles(const Tensor& t) {
   const Tensor d = t.detach().to(at::kDouble).contiguous();
-  const double* p = d.const_data_ptr<double>();
+  const double* p = d.data_ptr<double>();
   return std::vector<double>(p, p + d.numel());
 }
 
@@ -659,8 +659,8 @@ struct Affine {
   std::vector<double> mean, scale, shift;
 };
 
-Affine affine_of(const Tensor& mean, const Tensor& invstd, const std::optional<Tensor>& weight,
-                 const std::optional<Tensor>& bias, int64_t C) {
+Affine affine_of(const Tensor& mean, const Tensor& invstd, const c10::optional<Tensor>& weight,
+                 const c10::optional<Tensor>& bias, int64_t C) {
   TORCH_CHECK(mean.numel() == C && invstd.numel() == C, "syncbn_ref: mean and invstd must have ", C,
               " elements (one per channel), got ", mean.numel(), " and ", invstd.numel());
   Affine a;
@@ -817,8 +817,8 @@ std::tuple<Tensor, Tensor> batch_norm_stats(const Tensor& input, double eps) {
 
 std::tuple<Tensor, Tensor> batch_norm_gather_stats_with_counts(const Tensor& input, const Tensor& mean,
                                                                const Tensor& invstd,
-                                                               const std::optional<Tensor>& running_mean,
-                                                               const std::optional<Tensor>& running_var,
+                                                               const c10::optional<Tensor>& running_mean,
+                                                               const c10::optional<Tensor>& running_var,
                                                                double momentum, double eps, const Tensor& counts) {
   TORCH_CHECK(mean.dim() == 2 && invstd.sizes() == mean.sizes(),
               "syncbn_ref: mean and invstd must be [world_size, C] of the same shape, got ", mean.sizes(), " and ",
@@ -868,7 +868,7 @@ std::tuple<Tensor, Tensor> batch_norm_gather_stats_with_counts(const Tensor& inp
   return {r_mean.to(out_dtype), r_invstd.to(out_dtype)};
 }
 
-Tensor batch_norm_elemt(const Tensor& input, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+Tensor batch_norm_elemt(const Tensor& input, const c10::optional<Tensor>& weight, const c10::optional<Tensor>& bias,
                         const Tensor& mean, const Tensor& invstd, double eps) {
   (void)eps;  // invstd already includes eps, as in the ATen op
   const auto fmt = format_of(input);
@@ -882,7 +882,7 @@ Tensor batch_norm_elemt(const Tensor& input, const std::optional<Tensor>& weight
     split_mean(a.mean, op.mean_hi, op.mean_lo);
     op.scale = rounded<E>(a.scale);
     op.shift = rounded<E>(a.shift);
-    map_elements<scalar_t>(v, x.const_data_ptr<scalar_t>(), nullptr, out.data_ptr<scalar_t>(), op);
+    map_elements<scalar_t>(v, x.data_ptr<scalar_t>(), nullptr, out.data_ptr<scalar_t>(), op);
   });
   return out;
 }
@@ -894,8 +894,8 @@ void backward_sums(const Tensor& x, const Tensor& dy, const View& v, const std::
   sum_dy.assign(C, 0.0);
   sum_dy_xmu.assign(C, 0.0);
   if (v.outer == 0 || inner == 0 || C == 0) return;
-  const T* px = x.const_data_ptr<T>();
-  const T* pd = dy.const_data_ptr<T>();
+  const T* px = x.data_ptr<T>();
+  const T* pd = dy.data_ptr<T>();
   if (inner >= kMinInnerForChannelPath) {
     at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
@@ -956,7 +956,7 @@ Tensor doubles_to(const std::vector<double>& v, const at::TensorOptions& opts) {
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward_reduce(const Tensor& grad_out, const Tensor& input,
                                                                       const Tensor& mean, const Tensor& invstd,
-                                                                      const std::optional<Tensor>& weight,
+                                                                      const c10::optional<Tensor>& weight,
                                                                       bool input_g, bool weight_g, bool bias_g) {
   TORCH_CHECK(grad_out.sizes() == input.sizes(), "syncbn_ref: grad_out shape ", grad_out.sizes(),
               " differs from input shape ", input.sizes());
@@ -991,7 +991,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward_reduce(const Tens
 }
 
 Tensor batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& input, const Tensor& mean,
-                                 const Tensor& invstd, const std::optional<Tensor>& weight, const Tensor& sum_dy,
+                                 const Tensor& invstd, const c10::optional<Tensor>& weight, const Tensor& sum_dy,
                                  const Tensor& sum_dy_xmu, const Tensor& count) {
   TORCH_CHECK(grad_out.sizes() == input.sizes(), "syncbn_ref: grad_out shape ", grad_out.sizes(),
               " differs from input shape ", input.sizes());
@@ -1027,7 +1027,7 @@ Tensor batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& input, co
     op.grad_mean = rounded<E>(grad_mean);
     op.proj = rounded<E>(proj);
     op.gscale = rounded<E>(gscale);
-    map_elements<scalar_t>(v, x.const_data_ptr<scalar_t>(), dy.const_data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
+    map_elements<scalar_t>(v, x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
                            op);
   });
   return out;
@@ -1054,7 +1054,7 @@ Tensor welford_merge(const Tensor& gathered) {
               gathered.scalar_type());
   const Tensor g = gathered.contiguous();
   const int64_t W = g.size(0), C = (g.size(1) - 1) / 2;
-  const double* p = g.const_data_ptr<double>();
+  const double* p = g.data_ptr<double>();
   Tensor out = at::zeros({2 * C + 1}, g.options());
   double* o = out.data_ptr<double>();
   for (int64_t c = 0; c < C; ++c) {

@@ -356,7 +356,7 @@ void reduce_per_channel(const View& v, const Op& op, const at::TensorOptions& de
 // returns the per-channel element count.
 double moments_into(const Tensor& x, const View& v, const Tensor& mean_out, const Tensor& m2_out) {
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_ref_moments_cuda", [&] {
-    const MomentsOp<scalar_t> op{x.const_data_ptr<scalar_t>(), mean_out.data_ptr<double>(),
+    const MomentsOp<scalar_t> op{x.data_ptr<scalar_t>(), mean_out.data_ptr<double>(),
                                  m2_out.data_ptr<double>()};
     reduce_per_channel(v, op, x.options());
   });
@@ -518,15 +518,15 @@ std::tuple<Tensor, Tensor> batch_norm_stats(const Tensor& input, double eps) {
   Tensor m2 = at::empty({C}, dopts);
   const double count = moments_into(x, v, mean, m2);
   Tensor invstd = at::empty({C}, dopts);
-  launch_per_channel(C, InvstdFn{m2.const_data_ptr<double>(), count, eps, invstd.data_ptr<double>()});
+  launch_per_channel(C, InvstdFn{m2.data_ptr<double>(), count, eps, invstd.data_ptr<double>()});
   const auto acc = acc_type_of(input.scalar_type());
   return {mean.to(acc), invstd.to(acc)};
 }
 
 std::tuple<Tensor, Tensor> batch_norm_gather_stats_with_counts(const Tensor& input, const Tensor& mean,
                                                                const Tensor& invstd,
-                                                               const std::optional<Tensor>& running_mean,
-                                                               const std::optional<Tensor>& running_var,
+                                                               const c10::optional<Tensor>& running_mean,
+                                                               const c10::optional<Tensor>& running_var,
                                                                double momentum, double eps, const Tensor& counts) {
   (void)input;  // as in the CPU kernel: only the gathered statistics matter
   TORCH_CHECK(mean.dim() == 2 && invstd.sizes() == mean.sizes(),
@@ -546,8 +546,8 @@ std::tuple<Tensor, Tensor> batch_norm_gather_stats_with_counts(const Tensor& inp
   Tensor r_mean = at::empty({C}, dopts);
   Tensor r_invstd = at::empty({C}, dopts);
   Tensor unbiased = at::empty({C}, dopts);
-  launch_per_channel(C, GatherFn{vm.const_data_ptr<double>(), vi.const_data_ptr<double>(),
-                                 vc.const_data_ptr<double>(), W, C, eps, r_mean.data_ptr<double>(),
+  launch_per_channel(C, GatherFn{vm.data_ptr<double>(), vi.data_ptr<double>(),
+                                 vc.data_ptr<double>(), W, C, eps, r_mean.data_ptr<double>(),
                                  r_invstd.data_ptr<double>(), unbiased.data_ptr<double>()});
   if (running_mean.has_value() && running_mean->defined()) {
     Tensor rm = *running_mean;
@@ -567,7 +567,7 @@ std::tuple<Tensor, Tensor> batch_norm_gather_stats_with_counts(const Tensor& inp
   return {r_mean.to(out_dtype), r_invstd.to(out_dtype)};
 }
 
-Tensor batch_norm_elemt(const Tensor& input, const std::optional<Tensor>& weight, const std::optional<Tensor>& bias,
+Tensor batch_norm_elemt(const Tensor& input, const c10::optional<Tensor>& weight, const c10::optional<Tensor>& bias,
                         const Tensor& mean, const Tensor& invstd, double eps) {
   (void)eps;  // invstd already includes eps, as in the ATen op
   check_cuda(input, "input");
@@ -594,16 +594,16 @@ Tensor batch_norm_elemt(const Tensor& input, const std::optional<Tensor>& weight
   }
   Tensor out = at::empty_like(x, x.options(), fmt);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_ref_elemt_cuda", [&] {
-    launch_map<scalar_t>(x.numel(), v, x.const_data_ptr<scalar_t>(), nullptr, out.data_ptr<scalar_t>(),
-                         AffineFn{vm.const_data_ptr<double>(), scale.const_data_ptr<double>(),
-                                  shift.const_data_ptr<double>()});
+    launch_map<scalar_t>(x.numel(), v, x.data_ptr<scalar_t>(), nullptr, out.data_ptr<scalar_t>(),
+                         AffineFn{vm.data_ptr<double>(), scale.data_ptr<double>(),
+                                  shift.data_ptr<double>()});
   });
   return out;
 }
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward_reduce(const Tensor& grad_out, const Tensor& input,
                                                                       const Tensor& mean, const Tensor& invstd,
-                                                                      const std::optional<Tensor>& weight,
+                                                                      const c10::optional<Tensor>& weight,
                                                                       bool input_g, bool weight_g, bool bias_g) {
   TORCH_CHECK(grad_out.sizes() == input.sizes(), "syncbn_ref: grad_out shape ", grad_out.sizes(),
               " differs from input shape ", input.sizes());
@@ -624,8 +624,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward_reduce(const Tens
   Tensor s = at::empty({C}, dopts);
   Tensor sx = at::empty({C}, dopts);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_ref_backward_reduce_cuda", [&] {
-    const GradSumsOp<scalar_t> op{x.const_data_ptr<scalar_t>(), dy.const_data_ptr<scalar_t>(),
-                                  vm.const_data_ptr<double>(), s.data_ptr<double>(), sx.data_ptr<double>()};
+    const GradSumsOp<scalar_t> op{x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
+                                  vm.data_ptr<double>(), s.data_ptr<double>(), sx.data_ptr<double>()};
     reduce_per_channel(v, op, x.options());
   });
   const bool has_w = weight.has_value() && weight->defined();
@@ -646,7 +646,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward_reduce(const Tens
 }
 
 Tensor batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& input, const Tensor& mean,
-                                 const Tensor& invstd, const std::optional<Tensor>& weight, const Tensor& sum_dy,
+                                 const Tensor& invstd, const c10::optional<Tensor>& weight, const Tensor& sum_dy,
                                  const Tensor& sum_dy_xmu, const Tensor& count) {
   TORCH_CHECK(grad_out.sizes() == input.sizes(), "syncbn_ref: grad_out shape ", grad_out.sizes(),
               " differs from input shape ", input.sizes());
@@ -681,16 +681,16 @@ Tensor batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& input, co
   Tensor grad_mean = at::empty({C}, dopts);
   Tensor proj = at::empty({C}, dopts);
   Tensor gscale = at::empty({C}, dopts);
-  launch_per_channel(C, BackwardCoeffFn{vs.const_data_ptr<double>(), vsx.const_data_ptr<double>(),
-                                        vi.const_data_ptr<double>(), vw.const_data_ptr<double>(), total,
+  launch_per_channel(C, BackwardCoeffFn{vs.data_ptr<double>(), vsx.data_ptr<double>(),
+                                        vi.data_ptr<double>(), vw.data_ptr<double>(), total,
                                         grad_mean.data_ptr<double>(), proj.data_ptr<double>(),
                                         gscale.data_ptr<double>()});
   Tensor out = at::empty_like(x, x.options(), fmt);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_ref_backward_elemt_cuda", [&] {
-    launch_map<scalar_t>(x.numel(), v, x.const_data_ptr<scalar_t>(), dy.const_data_ptr<scalar_t>(),
+    launch_map<scalar_t>(x.numel(), v, x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
                          out.data_ptr<scalar_t>(),
-                         BackwardFn{vm.const_data_ptr<double>(), grad_mean.const_data_ptr<double>(),
-                                    proj.const_data_ptr<double>(), gscale.const_data_ptr<double>()});
+                         BackwardFn{vm.data_ptr<double>(), grad_mean.data_ptr<double>(),
+                                    proj.data_ptr<double>(), gscale.data_ptr<double>()});
   });
   return out;
 }
@@ -722,9 +722,9 @@ Tensor welford_merge(const Tensor& gathered) {
   const int64_t W = g.size(0), C = (g.size(1) - 1) / 2;
   Tensor out = at::zeros({2 * C + 1}, g.options());
   if (C > 0) {
-    launch_per_channel(C, WelfordMergeFn{g.const_data_ptr<double>(), W, C, out.data_ptr<double>()});
+    launch_per_channel(C, WelfordMergeFn{g.data_ptr<double>(), W, C, out.data_ptr<double>()});
   } else {
-    launch_per_channel(1, CountOnlyFn{g.const_data_ptr<double>(), W, out.data_ptr<double>()});
+    launch_per_channel(1, CountOnlyFn{g.data_ptr<double>(), W, out.data_ptr<double>()});
   }
   return out;
 }
