@@ -9,7 +9,6 @@ skip), correct, then a biased running variance from commit ``k`` on.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -24,14 +23,7 @@ from harness.builds import SelectionArgs
 CASE = "allgather-shape/uneven-2-6/float64-float64/contiguous/ws2"
 
 
-def _sibling(name: str):
-    spec = importlib.util.spec_from_file_location(f"_sibling_{name}", Path(__file__).with_name(f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-PLUGIN = _sibling("test_bisect").PLUGIN
+from syncbnplug_template import PLUGIN  # noqa: E402
 
 
 def git(repo: Path, *args: str) -> str:

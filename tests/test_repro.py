@@ -8,7 +8,6 @@ import: the file must not need the harness.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import os
 import re
@@ -23,14 +22,7 @@ from harness import oracle
 CASE = "allgather-shape/uneven-2-6/float64-float64/contiguous/ws2"
 
 
-def _sibling(name: str):
-    spec = importlib.util.spec_from_file_location(f"_sibling_{name}", Path(__file__).with_name(f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-PLUGIN = _sibling("test_bisect").PLUGIN
+from syncbnplug_template import PLUGIN  # noqa: E402
 
 
 @pytest.fixture
