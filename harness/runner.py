@@ -133,8 +133,10 @@ class Session:
         sizes = [world_size] if world_size is not None else list(self.pools)
         for ws in sizes:
             pool = self.pools.pop(ws, None)
-            if pool is not None:
-                pool.kill() if kill else pool.close()
+            if pool is not None and kill:
+                pool.kill()
+            elif pool is not None:
+                pool.close()
 
 
 def run_selection(cases: list[Case], impls: list[Impl], opts: RunOptions,
