@@ -18,8 +18,8 @@ from harness.reference import SyncBatchNorm
 
 
 class _Probe(SyncBatchNorm):
-    def misbehave(self, input):
-        raise NotImplementedError
+    """Reference SyncBN whose subclasses' ``misbehave(input)`` runs on rank 1 (a tensor it returns replaces
+    the output)."""
 
     def forward(self, input):
         if dist.is_initialized() and dist.get_rank() == 1:
