@@ -1,4 +1,4 @@
-"""The case catalog: one module per named family (SPEC §5).
+"""The case catalog: one module per named family (catalog order).
 
 Each family module has ``FAMILY`` (the ID prefix), a docstring saying which
 real defects it exists to catch, and ``cases()`` returning its cases.

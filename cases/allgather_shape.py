@@ -24,8 +24,8 @@ pairwise covering subset of it (harness.covering), ``--exhaustive`` the full
 product.
 """
 
-from harness.case import Case
-from harness.covering import pairwise
+from harness.catalog.case import Case
+from harness.catalog.covering import pairwise
 
 FAMILY = "allgather-shape"
 

@@ -11,7 +11,7 @@ Catches:
 - NHWC memory indexed as NCHW (channels mixed), for 4-D and 5-D input.
 """
 
-from harness.case import Case
+from harness.catalog.case import Case
 
 FAMILY = "channels-last"
 

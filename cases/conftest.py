@@ -22,42 +22,37 @@ def pytest_addoption(parser):
     group.addoption("--case", action="append", default=[], metavar="GLOB", help="case ID pattern (repeatable)")
     group.addoption("--exhaustive", action="store_true", help="the full product instead of the default selection")
     group.addoption("--device", default=None, choices=["cpu", "cuda"], help="default: cuda if available")
-    group.addoption("--timeout", type=float, default=120.0, help="seconds per case before it is a hang")
+    group.addoption("--timeout", type=float, default=None, help="seconds per case before it is a hang (default 120)")
+
+
+def selection_of(config):
+    """The pytest options as the harness's one Selection."""
+    from harness.selection import Selection
+
+    return Selection(impls=config.getoption("--impl"), case_patterns=config.getoption("--case"),
+                     exhaustive=config.getoption("--exhaustive"), device=config.getoption("--device"),
+                     timeout=config.getoption("--timeout"))
 
 
 def pytest_generate_tests(metafunc):
     if "harness_case" not in metafunc.fixturenames:
         return
-    from harness import catalog, runner
-
-    config = metafunc.config
-    cases = catalog.select(config.getoption("--case"), exhaustive=config.getoption("--exhaustive"))
-    impls = config.getoption("--impl") or runner.default_impls()
-    device = config.getoption("--device") or _default_device()
+    selection = selection_of(metafunc.config)
     params = []
-    for case in cases:
-        for impl in impls:
-            marks = [pytest.mark.world_size(case.world_size), pytest.mark.device(device)]
+    for case in selection.cases:
+        for impl in selection.impl_names:
+            marks = [pytest.mark.world_size(case.world_size), pytest.mark.device(selection.resolved_device)]
             params.append(pytest.param(case, impl, id=f"{case.id}-{impl}", marks=marks))
     metafunc.parametrize(("harness_case", "impl_name"), params)
-
-
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.fixture(scope="session")
 def harness_session(request):
     """Warm pools for this pytest session (one per world size), closed at the end."""
-    from harness import runner
+    from harness.engine.session import Session
 
-    config = request.config
-    names = config.getoption("--impl") or runner.default_impls()
-    opts = runner.RunOptions(device=config.getoption("--device") or _default_device(),
-                             timeout=config.getoption("--timeout"))
-    session = runner.Session(runner.resolve_impls(names), opts)
+    selection = selection_of(request.config)
+    session = Session(selection.resolve_impls(), selection.run_options())
     yield session
     session.close()
 

@@ -15,7 +15,7 @@ Catches:
   send float32 statistics (all_gather of mismatched sizes).
 """
 
-from harness.case import Case
+from harness.catalog.case import Case
 
 FAMILY = "mixed-precision"
 

@@ -13,7 +13,7 @@ Catches:
 - 2-D, 3-D and 5-D input (apex#194: SyncBatchNorm did not take 2-D input).
 """
 
-from harness.case import Case
+from harness.catalog.case import Case
 
 FAMILY = "module-config"
 

@@ -11,7 +11,7 @@ Catches:
 - large reductions whose float32 sums lose digits.
 """
 
-from harness.case import Case
+from harness.catalog.case import Case
 
 FAMILY = "numerics"
 

@@ -11,7 +11,7 @@ Catches:
   forgets the process group on nested layers (apex#94).
 """
 
-from harness.case import Case
+from harness.catalog.case import Case
 
 FAMILY = "process-group"
 

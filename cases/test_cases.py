@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from harness.records import Status
+from harness.results.records import NOT_RUN, Status
 
 
 class KnownIssueNowPasses(UserWarning):
@@ -15,15 +15,14 @@ class KnownIssueNowPasses(UserWarning):
 
 def test_case(harness_session, harness_case, impl_adapter):
     record = harness_session.run_one(harness_case, impl_adapter)
-    known = record.known_issue or {}
-    if record.status in (Status.SKIPPED, Status.UNSUPPORTED):
+    if record.status in NOT_RUN:
         pytest.skip(f"{record.status.value}: {record.message}")
-    if known.get("matched"):
-        pytest.xfail(f"known issue ({known['link']}): {record.status.value}: {record.message}")
-    if known.get("now_passes"):
-        warnings.warn(KnownIssueNowPasses(f"{record.case} [{record.impl}] passes; known issue {known['link']} "
-                                          "may be fixed: retire its entry in cases/known_issues.toml"), stacklevel=1)
+    if record.known:
+        pytest.xfail(f"known issue ({record.known_issue.link}): {record.status.value}: {record.message}")
+    if record.known_issue and record.known_issue.now_passes:
+        warnings.warn(KnownIssueNowPasses(f"{record.case} [{record.impl}] passes; known issue "
+                                          f"{record.known_issue.link} may be fixed: retire its entry in "
+                                          "cases/known_issues.toml"), stacklevel=1)
     if record.status != Status.PASS:
-        ranks = "\n".join(f"  rank {o.rank}: {o.status} {o.exception_type or ''} {o.message}".rstrip()
-                          for o in record.ranks)
+        ranks = "\n".join("  " + o.line() for o in record.ranks)
         pytest.fail(f"{record.status.value}: {record.message}\n{ranks}", pytrace=False)

@@ -1,6 +1,42 @@
-"""``python -m harness``: the same CLI as the ``syncbn-harness`` script."""
+"""Console entry point: ``syncbn-harness`` and ``python -m harness``.
 
-from harness.entry import main
+It imports the CLI lazily so that ``check`` can keep its exit-code contract
+(0, 1, 125) even when the harness cannot be imported or its arguments do not
+parse: git reads 2 as "bad" and 128 or more as "abort the bisect".
+"""
+
+from __future__ import annotations
+
+import sys
+
+EXIT_UNTESTABLE = 125
+
+
+def main(argv=None) -> None:
+    """Run the CLI; for ``check``, map every exit but 0, 1, 125 and Ctrl-C's 130 to 125."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    is_check = bool(args) and args[0] == "check"
+    try:
+        from harness.commands import main as cli_main
+
+        cli_main(args)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if is_check and code not in (0, 1, EXIT_UNTESTABLE, 130):
+            why = ("the command line above is not valid" if code == 2 else f"the harness exited {code}")
+            print(f"check: {why}; exiting 125 (cannot test) so that git bisect skips this commit instead of "
+                  "marking it bad", file=sys.stderr)
+            sys.exit(EXIT_UNTESTABLE)
+        raise
+    except BaseException as exc:  # noqa: BLE001 - only for check: nothing may escape as an abort
+        if not is_check or isinstance(exc, KeyboardInterrupt):
+            raise
+        import traceback
+
+        traceback.print_exc()
+        print(f"check: the harness failed ({type(exc).__name__}: {exc}); cannot test", file=sys.stderr)
+        sys.exit(EXIT_UNTESTABLE)
+
 
 if __name__ == "__main__":
     main()

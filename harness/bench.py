@@ -54,7 +54,7 @@ class Row:
 
 def bench_kernels(repeat: int = 7, echo=print) -> list[dict]:
     """Run the kernel benchmark, print a table per shape, return the figures."""
-    from harness import extension
+    from harness.kernels import extension
 
     extension.load()
     ops = torch.ops.syncbn_ref
@@ -64,7 +64,7 @@ def bench_kernels(repeat: int = 7, echo=print) -> list[dict]:
 
 def _bench_shape(ops, label, shape, dtype, fmt, repeat, echo) -> dict:
     """One shape of the kernel benchmark: each op, copy, torch and reference fwd+bwd."""
-    from harness.reference import SyncBatchNorm
+    from harness.impls.reference import SyncBatchNorm
 
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(shape, generator=g) * 2 + 1).to(dtype).contiguous(memory_format=fmt)
@@ -132,15 +132,17 @@ def _fresh_rank(rank: int, world_size: int, port: int, case_dict: dict) -> None:
     """One rank of the fresh-process-group baseline: join, one SyncBN forward+backward, leave."""
     import torch.distributed as dist
 
-    from harness.case import Case
-    from harness.worker import RankContext, run_task
+    from harness.catalog.case import Case
+    from harness.engine.messages import Task
+    from harness.engine.rank import RankContext, run_task
+    from harness.results.records import RankStatus
 
     store = dist.TCPStore("127.0.0.1", port, world_size + 1, False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
-    result = run_task(RankContext(rank, world_size), {"case": case_dict, "impl": "reference", "device": "cpu"})
+    result = run_task(RankContext(rank, world_size), Task(case=case_dict, impl="reference", device="cpu"))
     dist.destroy_process_group()
-    if result["status"] != "pass":
-        raise SystemExit(f"fresh baseline case {Case.from_dict(case_dict).id} gave {result['status']}")
+    if result.status != RankStatus.PASS:
+        raise SystemExit(f"fresh baseline case {Case.from_dict(case_dict).id} gave {result.status.value}")
 
 
 def fresh_process_group_case(case_dict: dict, world_size: int = 2) -> None:
@@ -166,15 +168,16 @@ def fresh_process_group_case(case_dict: dict, world_size: int = 2) -> None:
 def bench_pool(cases: int = 300, fresh_cases: int = 5, echo=print) -> dict:
     """Per-case time of the warm pool (start-up included) against a fresh process group per case."""
     from harness import catalog
-    from harness.pool import Pool
-    from harness.records import Status
+    from harness.engine.messages import Task
+    from harness.engine.pool import Pool
+    from harness.results.records import Status
 
     selected = catalog.select(list(POOL_CASES))
-    tasks = [{"case": c.to_dict(), "impl": "reference", "device": "cpu"} for c in selected]
+    tasks = [Task(case=c.to_dict(), impl="reference", device="cpu") for c in selected]
     fresh_times = []
     for i in range(fresh_cases):
         t0 = time.perf_counter()
-        fresh_process_group_case(tasks[i % len(tasks)]["case"])
+        fresh_process_group_case(tasks[i % len(tasks)].case)
         fresh_times.append(time.perf_counter() - t0)
     t0 = time.perf_counter()
     with Pool(2, setup_impls=("reference",)) as pool:

@@ -1,4 +1,4 @@
-"""The build under test: torch version and commit, CUDA, backends, apex state, host.
+"""The build under test: torch version and commit, CUDA, backends, apex state, host; what ``env`` prints.
 
 Everything here is read from the installed packages at run time; records and
 store keys are made from :func:`build_info`.
@@ -58,3 +58,29 @@ def apex_state() -> str:
     from harness.impls.apex import probe
 
     return probe().text
+
+
+def environment() -> dict:
+    """Torch version and commit, CUDA, backends, kernel build state, apex state, as plain data."""
+    from harness import __version__
+    from harness.kernels import extension
+
+    info = build_info()
+    try:
+        kernels = extension.state()
+    except Exception as exc:  # noqa: BLE001 - env reports what is wrong instead of failing
+        kernels = f"unknown ({type(exc).__name__}: {exc})"
+    cuda_home = extension.find_cuda_home()
+    return {
+        "harness": __version__,
+        "torch": info.torch_version,
+        "torch_git_version": info.torch_git_version,
+        "cuda": info.cuda_version,
+        "cuda_device": info.cuda_available,
+        "cuda_toolkit": str(cuda_home) if cuda_home else None,
+        "backends": list(info.backends),
+        "python": info.python,
+        "host": info.host,
+        "kernels": kernels,
+        "apex": apex_state(),
+    }

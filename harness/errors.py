@@ -32,3 +32,23 @@ class ImplUnavailable(HarnessError):
     """An implementation cannot be used here (not installed, fails to import)."""
 
     exit_code = 3
+
+
+class PluginUnavailable(ImplUnavailable):
+    """A plugin the user named (``MODULE:ATTR``) does not import: the name given is wrong, like an unknown
+    implementation's (exit 2)."""
+
+    exit_code = 2
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (a timeout wrapper, a CI job being cancelled).
+
+    Raised by the CLI's SIGTERM handler so that the process unwinds like
+    Ctrl-C: every pool's cleanup reaps its ranks. Not a :class:`HarnessError`
+    (and not an ``Exception``): nothing may catch it by accident.
+    """
+
+    def __init__(self, signum: int = 15):
+        super().__init__(f"terminated by signal {signum}")
+        self.signum = signum

@@ -10,8 +10,9 @@ import os
 
 import pytest
 
-SCRUB = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "CUDA_VISIBLE_DEVICES",
-         "TORCHELASTIC_RUN_ID")
+from harness.engine import RENDEZVOUS_ENV
+
+SCRUB = RENDEZVOUS_ENV + ("CUDA_VISIBLE_DEVICES",)
 
 
 @pytest.fixture(autouse=True)
@@ -25,7 +26,7 @@ def kernels():
     """The reference extension, built once per session (and cached across sessions)."""
     import torch
 
-    from harness import extension
+    from harness.kernels import extension
 
     extension.load()
     return torch.ops.syncbn_ref

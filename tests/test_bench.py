@@ -14,7 +14,8 @@ def test_pool_benchmark_cases_exist():
 @pytest.mark.slow
 def test_pool_benchmark_reports_a_ratio():
     lines = []
-    figures = bench.bench_pool(cases=6, fresh_cases=1, echo=lines.append)
-    assert figures["fresh_ms"] > 0 and figures["warm_ms"] > 0
-    assert figures["speedup"] == pytest.approx(figures["fresh_ms"] / figures["warm_ms"])
-    assert any("speed-up" in line for line in lines)
+    figures = bench.bench_pool(cases=12, fresh_cases=1, echo=lines.append)
+    # What the pool is for: a case in a warm pool, its start-up shared by 12 cases, costs a fraction of a case in a
+    # fresh process group (spawn, import torch, rendezvous each time). Measured at 176x with 300 cases.
+    assert figures["speedup"] > 2, figures
+    assert lines[-1] == f"speed-up: {figures['speedup']:.0f}x"

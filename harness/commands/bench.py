@@ -6,7 +6,7 @@ import json
 
 import click
 
-from harness.cli import cli
+from harness.commands import cli
 
 
 @cli.group()

@@ -1,4 +1,4 @@
-"""``syncbn-harness bisect``: the first bad build between a good and a bad one (SPEC §9)."""
+"""``syncbn-harness bisect``: the first bad build between a good and a bad one."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from harness.cli import cli, selection_options
+from harness.commands import cli
+from harness.commands._options import selection_options
 
 
 @cli.command()
@@ -33,21 +34,21 @@ from harness.cli import cli, selection_options
 @click.option("--build-timeout", "eval_timeout", type=click.FloatRange(min=1), default=3600.0,
               help="Seconds for one build's run of the selection before it counts as untestable.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-def bisect(good, bad, impls, case_patterns, exhaustive, device, backend, world_sizes, timeout, package, versions,
-           builds_file, find_links, index_url, extra_index_urls, no_index, pre, inherit, rerun, eval_timeout, fmt):
+def bisect(good, bad, selection, package, versions, builds_file, find_links, index_url, extra_index_urls, no_index,
+           pre, inherit, rerun, eval_timeout, fmt):
     """Bisect builds (releases, wheels, interpreters) for the first that fails the selection.
 
     Exit 0 when the first bad build is found, 1 when an end is wrong (good not good, bad not bad).
     """
-    from harness.bisect import Outcome
-    from harness.builds import bisect_builds
+    from harness.bisect.bisector import Outcome
+    from harness.bisect.builds import IndexOptions
+    from harness.bisect.driver import bisect_builds
 
+    index = IndexOptions(tuple(find_links), index_url, tuple(extra_index_urls), no_index, pre)
     result = bisect_builds(
-        good=good, bad=bad, package=package, versions=[v for vs in versions for v in vs.split(",") if v.strip()],
-        builds_file=builds_file, find_links=find_links, index_url=index_url, extra_index_urls=extra_index_urls,
-        no_index=no_index, pre=pre, inherit=inherit, impls=impls, case_patterns=case_patterns,
-        exhaustive=exhaustive, device=device, backend=backend, world_sizes=world_sizes, timeout=timeout,
-        rerun=rerun, eval_timeout=eval_timeout, log=lambda s: click.echo(s, err=True))
+        good=good, bad=bad, selection=selection, package=package,
+        versions=[v for vs in versions for v in vs.split(",") if v.strip()], builds_file=builds_file, index=index,
+        inherit=inherit, rerun=rerun, eval_timeout=eval_timeout, log=lambda s: click.echo(s, err=True))
     text = result.summary()
     if fmt == "json":
         click.echo(text, err=True)

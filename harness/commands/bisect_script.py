@@ -7,7 +7,8 @@ import sys
 
 import click
 
-from harness.cli import cli, selection_options
+from harness.commands import cli
+from harness.commands._options import selection_options
 
 
 @cli.command("bisect-script")
@@ -19,18 +20,13 @@ from harness.cli import cli, selection_options
 @click.option("--build-timeout", type=click.FloatRange(min=1), default=4 * 3600.0, help="Seconds for the build step.")
 @click.option("--check-timeout", type=click.FloatRange(min=1), default=3600.0, help="Seconds for check.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Where to write the script.")
-def bisect_script(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout, build_cmd,
-                  checkout_on_path, build_timeout, check_timeout, output):
+def bisect_script(selection, build_cmd, checkout_on_path, build_timeout, check_timeout, output):
     """Write an executable script for `git bisect run`: build (failure = 125), then check (>= 128 = 125)."""
-    from harness.builds import SelectionArgs
-    from harness.bisect_script import write_script
+    from harness.bisect.script import write_script
 
-    sel = SelectionArgs(tuple(impls), tuple(case_patterns), exhaustive, device, backend, tuple(world_sizes), timeout)
-    if case_patterns:
-        from harness import catalog
-
-        catalog.select(case_patterns, exhaustive=exhaustive, world_sizes=world_sizes)  # unknown patterns: exit 2
-    path = write_script(output, sel, build_cmd=build_cmd, checkout_on_path=checkout_on_path,
+    if selection.case_patterns:
+        selection.cases  # noqa: B018 - an unknown pattern is a usage error now, not at the first commit
+    path = write_script(output, selection, build_cmd=build_cmd, checkout_on_path=checkout_on_path,
                         build_timeout=build_timeout, check_timeout=check_timeout,
                         command="syncbn-harness " + shlex.join(sys.argv[1:]))
     click.echo(f"wrote {path} (log: {path}.log); in the checkout: git bisect start BAD GOOD && git bisect run {path}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from harness.cli import cli
+from harness.commands import cli
 
 
 @cli.command("build-kernels")
@@ -17,7 +17,7 @@ def build_kernels(cuda, cuda_arch, verbose):
     """Prebuild the reference extension for this torch build (cached per build and source)."""
     import time
 
-    from harness import extension
+    from harness.kernels import extension
 
     spec = extension.default_spec(cuda=cuda, cuda_archs=cuda_arch)
     t0 = time.perf_counter()

@@ -10,9 +10,10 @@ user asked. In detail:
   does not import, an empty selection, or any failure of the harness: 125;
 - SIGTERM (a timeout wrapper): 125;
 - records are judged as they arrive: a failure already seen stays a 1 even if
-  the harness fails later (a pool that cannot restart, say).
-The console entry point (:mod:`harness.entry`) keeps this promise even when
-the harness itself cannot be imported.
+  the harness fails later (a pool that cannot restart, say);
+- a known issue that fails as expected is good, and is said so.
+The console entry point (:mod:`harness.__main__`) keeps this promise even when
+the harness itself cannot be imported or the command line does not parse.
 """
 
 from __future__ import annotations
@@ -22,17 +23,19 @@ import sys
 
 import click
 
-from harness.cli import EXIT_UNTESTABLE, Selection, cli, selection_options
-from harness.errors import HarnessError
+from harness.commands import cli
+from harness.commands._options import selection_options
+from harness.errors import HarnessError, Terminated
 
+EXIT_UNTESTABLE = 125
 TORCH_IMPORT_TIMEOUT_S = 600
 
 
 @cli.command()
 @selection_options
-def check(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout):
+def check(selection):
     """For `git bisect run`: exit 0 good, 1 bad, 125 cannot test (never 128 or more)."""
-    sys.exit(check_exit_code(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout))
+    sys.exit(check_exit_code(selection))
 
 
 def torch_import_problem() -> str | None:
@@ -52,40 +55,41 @@ def torch_import_problem() -> str | None:
     return f"importing torch failed: {tail[0]}"
 
 
-def check_exit_code(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout) -> int:
+def check_exit_code(selection) -> int:
     """The verdict of ``check`` as an exit code (see the module docstring)."""
     bad: list = []
-    runnable = 0
+    not_run: dict[str, str] = {}
+    good = known = 0
     try:
         problem = torch_import_problem()
         if problem:
             click.echo(f"check: cannot test: {problem}", err=True)
             return EXIT_UNTESTABLE
-        from harness import records as rec
-        from harness import runner
+        from harness.engine.session import run_selection
 
-        sel = Selection(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout)
-        impl_objs = sel.impls()
-        if not sel.cases:
-            click.echo("check: nothing selected; cannot test", err=True)
-            return EXIT_UNTESTABLE
-        for r in runner.run_selection(sel.cases, impl_objs, sel.options):
-            if r.status in (rec.Status.SKIPPED, rec.Status.UNSUPPORTED):
+        impls = selection.resolve_impls()
+        for r in run_selection(selection.cases, impls, selection.run_options()):
+            if not r.ran:
+                not_run.setdefault(f"{r.impl} {r.status.value}", r.message)
                 continue
-            runnable += 1
             if r.failed:
                 bad.append(r)
                 click.echo(f"check: {r.status.value} {r.case} [{r.impl}] {r.message}", err=True)
-        if not runnable:
-            click.echo("check: every selected (case, impl) was skipped or unsupported; cannot test", err=True)
+            elif r.known:
+                known += 1
+                click.echo(f"check: {r.status.value} as known ({r.known_issue.link}) {r.case} [{r.impl}]", err=True)
+            else:
+                good += 1
+        if not (good or known or bad):
+            why = "; ".join(f"{k}: {v}" for k, v in not_run.items())
+            click.echo(f"check: every selected (case, impl) was skipped or unsupported ({why}); cannot test", err=True)
             return EXIT_UNTESTABLE
-        click.echo(f"check: {runnable - len(bad)} good, {len(bad)} bad", err=True)
+        click.echo(f"check: {good} good, {len(bad)} bad" + (f", {known} failed as known issues (good)" if known
+                                                                else ""), err=True)
         return 1 if bad else 0
-    except KeyboardInterrupt as exc:
-        if "signal" in str(exc):  # SIGTERM, turned into KeyboardInterrupt by the CLI
-            click.echo("check: terminated; cannot test", err=True)
-            return 1 if bad else EXIT_UNTESTABLE
-        raise  # Ctrl-C: stop the bisection (exit 130)
+    except Terminated:
+        click.echo("check: terminated; cannot test", err=True)
+        return 1 if bad else EXIT_UNTESTABLE
     except (HarnessError, click.ClickException) as exc:
         click.echo(f"check: cannot test: {exc}", err=True)
         return 1 if bad else EXIT_UNTESTABLE

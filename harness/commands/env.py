@@ -6,14 +6,14 @@ import json
 
 import click
 
-from harness.cli import cli
+from harness.commands import cli
 
 
 @cli.command()
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
 def env(fmt):
     """The build under test: torch, CUDA, backends, kernel build state, apex state."""
-    from harness.envreport import environment
+    from harness.buildinfo import environment
 
     data = environment()
     if fmt == "json":

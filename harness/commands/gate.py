@@ -6,67 +6,65 @@ import sys
 
 import click
 
-from harness.cli import Selection, cli, selection_options
-from harness.commands.diff import growth_options
+from harness.commands import cli
+from harness.commands._options import growth_options, selection_options, store_option
 
 
 @cli.command()
 @click.option("--baseline", "baseline_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Records to compare with: the output of `run --format json`, or a store .jsonl file.")
-@click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None,
-              help="Read this build's records from this store instead of running the selection.")
+@store_option("Read this build's records from this store instead of running the selection.")
 @selection_options
 @growth_options
+@click.option("--allow-missing", is_flag=True,
+              help="Pass even when the current records lack (case, impl) pairs the baseline ran (a deliberate "
+                   "subset). Without it, each is a failure of the gate, listed as MISSING.")
 @click.option("--junit", type=click.Path(dir_okay=False), default=None,
-              help="Write JUnit XML here: one testcase per (case, impl), failing on a regression.")
-def gate(baseline_path, store_dir, impls, case_patterns, exhaustive, device, backend, world_sizes, timeout,
-         growth, growth_floor, junit):
-    """Compare the current build with a baseline; exit 1 on any regression, 0 otherwise.
+              help="Write JUnit XML here: one testcase per (case, impl), failing on a regression or a missing "
+                   "result.")
+def gate(baseline_path, store_dir, selection, growth, growth_floor, allow_missing, junit):
+    """Compare the current build with a baseline; exit 1 on any regression or missing result, 0 otherwise.
 
-    A regression is a baseline pass that is anything else now, or error growth beyond --growth. With --store,
-    the current records are this build's records in the store (--impl and --case filter them, --device and
-    --backend pick the build); otherwise the selection runs now.
+    A regression is a baseline pass that is anything else now, or error growth beyond --growth. A missing result
+    is a (case, impl) the baseline ran that the current records lack. With --store, the current records are this
+    build's records in the store (--impl and --case filter them, --device and --backend pick the build);
+    otherwise the selection runs now.
     """
-    from harness import gate as gate_mod
-    from harness.builddiff import GrowthRule
-    from harness.output import write_junit_rows
+    from harness.results import gate as gate_mod
+    from harness.results import junit as junit_xml
+    from harness.results.diff import GrowthRule
 
     baseline = gate_mod.load_baseline(baseline_path)
-    sel = Selection(impls, case_patterns if not store_dir else (), exhaustive, device, backend, world_sizes,
-                    timeout)
     if store_dir:
-        current = gate_mod.stored_current(store_dir, current_key(sel), impls, case_patterns)
+        current = gate_mod.stored_current(store_dir, current_key(selection), selection.impls,
+                                          selection.case_patterns)
     else:
-        current = run_current(sel)
-    result = gate_mod.evaluate(baseline, current, GrowthRule(growth, growth_floor))
+        current = run_current(selection)
+    result = gate_mod.evaluate(baseline, current, GrowthRule(growth, growth_floor), allow_missing=allow_missing)
     click.echo(gate_mod.format_result(result, baseline_path))
     if junit:
-        write_junit_rows(gate_mod.junit_rows(result), junit, suite_name="syncbn-harness gate")
+        junit_xml.write(gate_mod.junit_rows(result), junit, suite_name="syncbn-harness gate")
     sys.exit(result.exit_code)
 
 
-def current_key(sel: Selection) -> str:
+def current_key(selection) -> str:
     """The store key of the build under test with the selection's device and backend."""
     from harness.buildinfo import build_info
-    from harness.store import build_key
+    from harness.results.store import build_key
 
     info = build_info()
-    return build_key(info.torch_version, info.torch_git_version, sel.options.device, sel.options.resolved_backend)
+    return build_key(info.torch_version, info.torch_git_version, selection.resolved_device, selection.resolved_backend)
 
 
-def run_current(sel: Selection):
+def run_current(selection) -> list:
     """Run the selection now (not stored), with progress on a terminal."""
-    from harness.progress import Progress, wanted
-    from harness.runner import run_selection
+    from harness.engine.session import run_selection
+    from harness.results.progress import Progress, wanted
 
-    impl_objs = sel.impls()
-    if not sel.cases:
-        from harness.errors import UsageError
-
-        raise UsageError("the selection is empty: no case matches (see `syncbn-harness list cases`)")
+    impls = selection.resolve_impls()
     out = []
-    with Progress(len(sel.cases) * len(impl_objs), enabled=wanted(sys.stderr)) as bar:
-        for record in run_selection(sel.cases, impl_objs, sel.options):
+    with Progress(len(selection.cases) * len(impls), enabled=wanted(sys.stderr)) as bar:
+        for record in run_selection(selection.cases, impls, selection.run_options()):
             bar.update(record)
             out.append(record)
     return out

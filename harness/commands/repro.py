@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from harness.cli import cli
+from harness.commands import cli
 
 
 @cli.command()

@@ -4,76 +4,93 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 
 import click
 
-from harness.cli import Selection, cli, default_store, selection_options
+from harness.commands import cli
+from harness.commands._options import default_store, selection_options, store_option
 
 
 @cli.command()
 @selection_options
-@click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None,
-              help="Results store directory (default: $SYNCBN_HARNESS_STORE or ./results).")
-@click.option("--resume", is_flag=True, help="Skip what the store already holds for this build and selection.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
+@store_option()
+@click.option("--resume", is_flag=True, help="Run only what the store does not hold yet for this build; the output "
+              "then covers the whole selection.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
+              help="json: the records as one JSON array on stdout (progress and logs on stderr).")
 @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Also write JUnit XML here.")
 @click.option("--compare", default=None, metavar="A,B",
               help="A's records also say how A differs from B on the same inputs (both are run).")
-@click.option("-v", "--verbose", is_flag=True, help="List every record in the table, not only those that did not pass.")
-def run(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout, store_dir, resume, fmt, junit,
-        compare, verbose):
-    """Run the selected cases, store and print the records. Exit 1 on any unexpected failure."""
-    from harness import records as rec
-    from harness import torchrun
-    from harness.output import print_table, status_label, write_junit
-    from harness.progress import Progress, wanted
-    from harness.runner import execute_run
+@click.option("-v", "--verbose", is_flag=True, help="List every record in the table, not only those that need a look.")
+def run(selection, store_dir, resume, fmt, junit, compare, verbose):
+    """Run the selected cases, store and print the records.
 
-    sel = Selection(impls, case_patterns, exhaustive, device, backend, world_sizes, timeout)
-    if compare:
-        pair = parse_compare(compare)
-        sel.impl_names += [n for n in pair if n not in sel.impl_names]
-        sel.options.compare = pair
-    impl_objs = sel.impls()
+    Exit 0 when nothing failed unexpectedly (known issues do not count), 1 on any mismatch, error, crash or hang
+    that is not a known issue, 2 on a usage error, 3 when the harness could not work.
+    """
+    from harness.engine import torchrun
+    from harness.engine.session import execute_run
+    from harness.errors import Terminated
+    from harness.results.progress import Progress, wanted
+    from harness.results.records import Status, exit_code
+
+    pair = parse_compare(compare) if compare else None
+    impls = selection.resolve_impls(extra=pair or ())
+    opts = selection.run_options(compare=pair)
+    cases = selection.cases
     store_dir = store_dir or default_store()
-    total = len(sel.cases) * len(impl_objs)
+    total = len(cases) * len(impls)
     if torchrun.under_torchrun():
         world = int(os.environ["WORLD_SIZE"])  # torchrun runs only the cases of its world size
-        total = sum(c.world_size == world for c in sel.cases) * len(impl_objs)
+        total = sum(c.world_size == world for c in cases) * len(impls)
     else:
-        todo = planned(store_dir, sel, impl_objs, resume)
-        if resume and not todo and sel.cases:
-            click.echo(f"resume: the store {store_dir} already holds all {total} (case, impl) results of this "
-                       "selection for this build; nothing left to run (see them with `syncbn-harness report`, "
-                       "or run without --resume to run them again)", err=True)
-            if fmt == "json":
-                click.echo("[]")
-            sys.exit(0)
-        if resume and len(todo) < total:
+        todo = planned(store_dir, selection, cases, impls, resume)
+        if resume and not todo:
+            click.echo(f"resume: all {total} (case, impl) results of this selection are already in {store_dir}; "
+                       "nothing left to run (the output below is of the stored records)", err=True)
+        elif resume and len(todo) < total:
             click.echo(f"resume: {total - len(todo)} of {total} (case, impl) results already in {store_dir}; "
-                       f"running the {len(todo)} left", err=True)
+                       f"running the {len(todo)} left (the output below covers all {total})", err=True)
         total = len(todo)
+
+    def output(records) -> None:
+        if fmt == "json":
+            click.echo(json.dumps([r.to_dict() for r in records], indent=2))
+        else:
+            from harness.results.console import print_table
+
+            print_table(records, verbose=verbose)
+        if junit:
+            from harness.results import junit as junit_xml
+
+            junit_xml.write(junit_xml.run_rows(records), junit)
+        next_steps(records, selection, err=fmt == "json")
 
     with Progress(total, enabled=wanted(sys.stderr, fmt)) as bar:
         def on_record(record):
             bar.update(record)
-            if fmt == "json" or (bar.enabled and record.status == rec.Status.PASS):
-                return  # the progress line counts passes; log lines are for what needs a look
-            bar.write(f"{status_label(record):<14} {record.case}  [{record.impl}]"
-                      + (f"  {record.message}" if record.message and record.status != rec.Status.PASS else ""))
+            if fmt == "json" or record.status == Status.PASS or (bar.enabled and not record.ran):
+                return  # the progress line counts these; log lines are for what needs a look
+            bar.write(f"{record.label:<14} {record.case}  [{record.impl}]"
+                      + (f"  {record.message.splitlines()[0][:160]}" if record.message else ""))
 
-        out, is_writer = execute_run(sel.cases, impl_objs, sel.options, store_dir=store_dir, resume=resume,
-                                     on_record=on_record)
+        try:
+            records, is_writer = execute_run(cases, impls, opts, store_dir=store_dir, resume=resume,
+                                             on_record=on_record, on_abort=output)
+        except (KeyboardInterrupt, Terminated):
+            bar.close()
+            again = ["syncbn-harness", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"])
+            click.echo(f"the results finished so far are stored in {store_dir}; to continue: {shlex.join(again)}",
+                       err=True)
+            raise
     if not is_writer:
-        sys.exit(0)  # a torchrun rank other than 0: rank 0 reports
-    if fmt == "json":
-        click.echo(json.dumps([r.to_dict() for r in out], indent=2))
-    else:
-        print_table(out, verbose=verbose)
-    if junit:
-        write_junit(out, junit)
-    sys.exit(rec.exit_code(out))
+        sys.exit(0)  # a torchrun rank other than the writer: the writer reports
+    if resume:
+        records = selection_records(store_dir, cases, impls, opts)
+    output(records)
+    sys.exit(exit_code(records))
 
 
 def parse_compare(value: str) -> tuple[str, str]:
@@ -86,18 +103,45 @@ def parse_compare(value: str) -> tuple[str, str]:
     return parts[0], parts[1]
 
 
-def planned(store_dir, sel: Selection, impl_objs, resume: bool) -> list[tuple[str, str]]:
+def build_key_of(opts) -> str:
+    from harness.buildinfo import build_info
+    from harness.results.store import build_key
+
+    info = build_info()
+    return build_key(info.torch_version, info.torch_git_version, opts.device, opts.resolved_backend)
+
+
+def planned(store_dir, selection, cases, impls, resume: bool) -> list[tuple[str, str]]:
     """The (case, impl) pairs this run will run; checks first that the store can take them.
 
     Refuses (StoreError, exit 3) a store that is not writable or whose file
     for this build holds records of a newer schema, before any case runs.
     """
-    from harness.buildinfo import build_info
-    from harness.store import Store, build_key, completed, pending
+    from harness.results.store import Store, completed, pending
 
-    info = build_info()
-    key = build_key(info.torch_version, info.torch_git_version, sel.options.device, sel.options.resolved_backend)
+    key = build_key_of(selection.run_options())
     store = Store(store_dir)
     store.prepare(key)
-    done = completed(store.read(key)) if resume else set()
-    return pending([c.id for c in sel.cases], [i.name for i in impl_objs], done)
+    done = completed(store.read(key)) if resume and key in store.builds() else set()
+    return pending([c.id for c in cases], [i.name for i in impls], done)
+
+
+def selection_records(store_dir, cases, impls, opts) -> list:
+    """The latest stored record of every (case, impl) of the selection, in selection order."""
+    from harness.results.store import Store, latest
+
+    store = Store(store_dir)
+    key = build_key_of(opts)
+    by_pair = {(r.case, r.impl): r for r in latest(store.read(key))} if key in store.builds() else {}
+    return [by_pair[(c.id, i.name)] for c in cases for i in impls if (c.id, i.name) in by_pair]
+
+
+def next_steps(records, selection, err: bool) -> None:
+    """After a failing run: the command that writes a standalone repro of the first failure."""
+    failed = [r for r in records if r.failed]
+    if not failed:
+        return
+    first = failed[0]
+    device = f" --device {first.device}" if first.device != "cuda" and first.impl != "torch" else ""
+    click.echo(f"\nto reproduce the first failure as a standalone script: syncbn-harness repro {first.case} "
+               f"--impl {shlex.quote(first.impl)}{device} -o repro.py", err=err)

@@ -29,9 +29,10 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-from harness.case import Case
+from harness.catalog.case import Case
 from harness.errors import ImplUnavailable
-from harness.impls import Capabilities, Impl, register
+from harness.impls.base import Capabilities, Impl
+from harness.impls.registry import register
 
 PR_REMOVED = "NVIDIA/apex PR #1896"
 INSTALL_HINT = (f"apex is not on the package index: build it from source at a commit before {PR_REMOVED} "
@@ -149,25 +150,46 @@ class ApexImpl(Impl):
     def build(self, case: Case, process_group, device: str):
         from apex.parallel import SyncBatchNorm
 
-        # Positional, as apex's own convert_syncbn_model calls it (both classes share this prefix).
-        return SyncBatchNorm(case.channels, case.eps, case.momentum, case.affine, case.track_running_stats,
-                             process_group)
+        return construct_apex(SyncBatchNorm, case, process_group)
 
     def convert(self, model, process_group):
-        from apex.parallel import convert_syncbn_model
-
-        return convert_syncbn_model(model, process_group=process_group)
+        return convert_apex(model, process_group)
 
     def forward(self, module, input):
-        if getattr(module, "channel_last", None) is None or input.dim() <= 2:
-            return module(input)  # the Python fallback, or 2-D input (apex treats it as channel-last itself)
-        import torch
+        return apex_forward(module, input)
 
-        fmt = torch.channels_last if input.dim() == 4 else torch.channels_last_3d
-        nhwc = input.dim() in (4, 5) and input.is_contiguous(memory_format=fmt) and not input.is_contiguous()
-        module._specify_channel_last(nhwc)
-        if not nhwc:
-            return module(input)
-        to_last = (0, *range(2, input.dim()), 1)
-        back = (0, input.dim() - 1, *range(1, input.dim() - 1))
-        return module(input.permute(to_last)).permute(back)
+
+def construct_apex(cls, case: Case, process_group):
+    """apex's SyncBatchNorm for ``case``: positional, as apex's own ``convert_syncbn_model`` calls it
+    (the fallback and the optimized class share this prefix of their signatures)."""
+    return cls(case.channels, case.eps, case.momentum, case.affine, case.track_running_stats, process_group)
+
+
+def convert_apex(model, process_group):
+    """``apex.parallel.convert_syncbn_model`` with the process group."""
+    from apex.parallel import convert_syncbn_model
+
+    return convert_syncbn_model(model, process_group=process_group)
+
+
+def apex_forward(module, input):
+    """Call an apex SyncBatchNorm as a user with this input would.
+
+    The optimized class (it has ``channel_last``) with channels-last input
+    (NCHW shape, NHWC memory) gets its NHWC view (a permute, no copy) with
+    ``channel_last=True``, and the output is viewed back; any other input goes
+    in as it is, with ``channel_last=False``. The Python fallback and 2-D input
+    (which apex treats as channel-last itself) are called plainly.
+    """
+    import torch
+
+    if getattr(module, "channel_last", None) is None or input.dim() <= 2:
+        return module(input)
+    fmt = torch.channels_last if input.dim() == 4 else torch.channels_last_3d
+    nhwc = input.dim() in (4, 5) and input.is_contiguous(memory_format=fmt) and not input.is_contiguous()
+    module._specify_channel_last(nhwc)
+    if not nhwc:
+        return module(input)
+    to_last = (0, *range(2, input.dim()), 1)
+    back = (0, input.dim() - 1, *range(1, input.dim() - 1))
+    return module(input.permute(to_last)).permute(back)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import importlib
 from typing import Optional
 
-from harness.case import Case
-from harness.errors import ImplUnavailable, UsageError
-from harness.impls import Capabilities, Impl
+from harness.catalog.case import Case
+from harness.errors import PluginUnavailable, UsageError
+from harness.impls.base import Capabilities, Impl, construct_like_syncbn
 
 
 class PluginImpl(Impl):
+    """A user's SyncBN given as ``MODULE:ATTR`` (or a registered entry-point name standing for one)."""
+
     def __init__(self, spec: str, display_name: Optional[str] = None):
         module, sep, attr = spec.partition(":")
         if not sep or not module or not attr:
@@ -36,14 +38,16 @@ class PluginImpl(Impl):
         if self._factory is None:
             try:
                 mod = importlib.import_module(self.module_name)
-            except BaseException as exc:  # noqa: BLE001 - a plugin may fail to import in any way
-                raise ImplUnavailable(
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # noqa: BLE001 - a plugin may fail to import in any way (Ctrl-C aside)
+                raise PluginUnavailable(
                     f"plugin {self.spec!r}: importing module {self.module_name!r} failed: "
                     f"{type(exc).__name__}: {exc} (is it on PYTHONPATH?)") from None
             try:
                 factory = getattr(mod, self.attr)
             except AttributeError:
-                raise ImplUnavailable(f"plugin {self.spec!r}: module {self.module_name!r} has no "
+                raise PluginUnavailable(f"plugin {self.spec!r}: module {self.module_name!r} has no "
                                       f"attribute {self.attr!r}") from None
             self._factory = factory
             caps = getattr(factory, "capabilities", None)
@@ -74,6 +78,4 @@ class PluginImpl(Impl):
         return convert(model, process_group)
 
     def build(self, case: Case, process_group, device: str):
-        factory = self._load()
-        return factory(case.channels, eps=case.eps, momentum=case.momentum, affine=case.affine,
-                       track_running_stats=case.track_running_stats, process_group=process_group)
+        return construct_like_syncbn(self._load(), case, process_group)

@@ -1,18 +1,191 @@
-"""Adapter for the reference SyncBN (:mod:`harness.reference`), which supports every case."""
+"""The reference implementation: our SyncBatchNorm on the ``syncbn_ref`` kernels, and its adapter.
+
+Forward (training), per rank:
+1. ``welford_stats``: this rank's (count, mean, M2) per channel in float64,
+   packed as one [2C+1] tensor whatever the input dtype.
+2. One ``all_gather`` of those rows over the process group.
+3. ``welford_merge``: Chan's merge in float64; empty ranks contribute nothing.
+4. Running statistics updated in float64 (unbiased variance of the global
+   count) and stored in the buffers' dtype.
+5. ``batch_norm_elemt`` with the float64 mean and 1/std: output in the input
+   dtype and memory format.
+
+Backward: ``batch_norm_backward_reduce`` gives the local (sum_dy, sum_dy_xmu)
+in float64, one ``all_reduce`` sums them over the group, and
+``batch_norm_backward_elemt`` divides by the global count. grad_weight and
+grad_bias are each rank's local share (summing them is the job of DDP).
+
+Eval uses the running statistics with no communication; without running
+statistics it normalizes with the rank's own batch, like torch's module.
+"""
 
 from __future__ import annotations
 
-from harness import __version__, extension
-from harness.case import Case
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from harness.catalog.case import Case
 from harness.errors import ImplUnavailable, KernelBuildError
-from harness.impls import Capabilities, Impl, register
+from harness.impls.base import Capabilities, Impl, construct_like_syncbn
+from harness.impls.registry import register
+from harness.kernels import extension
+
+
+def _ops():
+    extension.load()
+    return torch.ops.syncbn_ref
+
+
+class _SyncBatchNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
+                running_mean: Optional[Tensor], running_var: Optional[Tensor], eps: float, momentum: float,
+                process_group, sync: bool):
+        ops = _ops()
+        stats = ops.welford_stats(input)
+        if sync:
+            world = dist.get_world_size(process_group)
+            rows = [torch.empty_like(stats) for _ in range(world)]
+            dist.all_gather(rows, stats, group=process_group)
+            merged = ops.welford_merge(torch.stack(rows))
+        else:
+            merged = stats
+        c = input.shape[1]
+        count, mean, m2 = merged[0], merged[1:1 + c], merged[1 + c:]
+        n = float(count)
+        if n < 1:
+            # Every rank of the group is empty: nothing to normalize and no statistics to track.
+            running_mean = running_var = None
+            mean, invstd = torch.zeros_like(mean), torch.ones_like(m2)
+        else:
+            invstd = torch.rsqrt(m2 / n + eps)
+        if running_mean is not None:
+            with torch.no_grad():
+                running_mean.copy_((1 - momentum) * running_mean.double() + momentum * mean)
+        if running_var is not None:
+            with torch.no_grad():
+                unbiased = m2 / (n - 1) if n > 1 else torch.full_like(m2, float("inf"))
+                running_var.copy_((1 - momentum) * running_var.double() + momentum * unbiased)
+        ctx.save_for_backward(input, weight, mean, invstd, count.reshape(1))
+        ctx.process_group = process_group
+        ctx.sync = sync
+        return ops.batch_norm_elemt(input, weight, bias, mean, invstd, eps)
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        ops = _ops()
+        input, weight, mean, invstd, count = ctx.saved_tensors
+        need_in, need_w, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.needs_input_grad[2]
+        sum_dy, sum_dy_xmu, grad_w, grad_b = ops.batch_norm_backward_reduce(
+            grad_output, input, mean, invstd, weight, True, need_w and weight is not None,
+            need_b and weight is not None)
+        grad_in = None
+        if need_in:
+            if ctx.sync:
+                both = torch.cat([sum_dy, sum_dy_xmu])
+                dist.all_reduce(both, group=ctx.process_group)
+                sum_dy, sum_dy_xmu = both.split(sum_dy.numel())
+            grad_in = ops.batch_norm_backward_elemt(grad_output, input, mean, invstd, weight, sum_dy, sum_dy_xmu,
+                                                    count.clamp(min=1))
+        return grad_in, grad_w, grad_b, None, None, None, None, None, None
+
+
+class _EvalFunction(torch.autograd.Function):
+    """Normalization with fixed statistics: no reduction over the batch in either direction."""
+
+    @staticmethod
+    def forward(ctx, input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], mean: Tensor, invstd: Tensor):
+        ops = _ops()
+        ctx.save_for_backward(input, weight, mean, invstd)
+        return ops.batch_norm_elemt(input, weight, bias, mean, invstd, 0.0)
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        ops = _ops()
+        input, weight, mean, invstd = ctx.saved_tensors
+        need_w = ctx.needs_input_grad[1] and weight is not None
+        need_b = ctx.needs_input_grad[2] and weight is not None
+        zeros, _, grad_w, grad_b = ops.batch_norm_backward_reduce(grad_output, input, mean, invstd, weight, True,
+                                                                  need_w, need_b)
+        grad_in = None
+        if ctx.needs_input_grad[0]:
+            # With zero sums the backward of the training formula is dy * invstd * weight.
+            zeros = torch.zeros_like(zeros)
+            grad_in = ops.batch_norm_backward_elemt(grad_output, input, mean, invstd, weight, zeros, zeros,
+                                                    torch.ones(1, dtype=torch.float64))
+        return grad_in, grad_w, grad_b, None, None
+
+
+class SyncBatchNorm(_BatchNorm):
+    """Reference SyncBN with ``torch.nn.SyncBatchNorm``'s constructor and semantics."""
+
+    def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,
+                 track_running_stats: bool = True, process_group=None, device=None, dtype=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+        self.process_group = process_group
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module: torch.nn.Module, process_group=None) -> torch.nn.Module:
+        """Replace every BatchNorm*d in ``module`` (recursively) with this SyncBN, keeping its state.
+
+        Parameters are shared (same tensors, so values and requires_grad carry over), buffers are
+        shared, and each converted layer keeps its training flag.
+        """
+        out = module
+        if isinstance(module, _BatchNorm) and not isinstance(module, cls):
+            out = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats,
+                      process_group)
+            if module.affine:
+                with torch.no_grad():
+                    out.weight = module.weight
+                    out.bias = module.bias
+            out.running_mean = module.running_mean
+            out.running_var = module.running_var
+            out.num_batches_tracked = module.num_batches_tracked
+            out.training = module.training
+        for name, child in module.named_children():
+            out.add_module(name, cls.convert_sync_batchnorm(child, process_group))
+        return out
+
+    def _check_input_dim(self, input: Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        if input.shape[1] != self.num_features:
+            raise ValueError(f"expected {self.num_features} channels, got input of shape {tuple(input.shape)}")
+        factor = 0.0
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
+        if not self.training and self.running_mean is not None:
+            invstd = torch.rsqrt(self.running_var.double() + self.eps)
+            return _EvalFunction.apply(input, self.weight, self.bias, self.running_mean.double(), invstd)
+        sync = self.training and dist.is_available() and dist.is_initialized()
+        group = self.process_group if self.process_group is not None else (dist.group.WORLD if sync else None)
+        if sync and dist.get_world_size(group) < 2:
+            sync = False
+        track = self.training and self.track_running_stats
+        return _SyncBatchNormFunction.apply(input, self.weight, self.bias,
+                                            self.running_mean if track else None,
+                                            self.running_var if track else None,
+                                            self.eps, factor, group, sync)
 
 
 @register("reference")
 class ReferenceImpl(Impl):
+    """The reference SyncBN: supports every case on every device the kernels are built for."""
+
     capabilities = Capabilities(convert=True)
 
     def version(self) -> str:
+        from harness import __version__
+
         return __version__
 
     def check_available(self) -> None:
@@ -25,12 +198,7 @@ class ReferenceImpl(Impl):
         extension.load()
 
     def build(self, case: Case, process_group, device: str):
-        from harness.reference import SyncBatchNorm
-
-        return SyncBatchNorm(case.channels, eps=case.eps, momentum=case.momentum, affine=case.affine,
-                             track_running_stats=case.track_running_stats, process_group=process_group)
+        return construct_like_syncbn(SyncBatchNorm, case, process_group)
 
     def convert(self, model, process_group):
-        from harness.reference import SyncBatchNorm
-
         return SyncBatchNorm.convert_sync_batchnorm(model, process_group)

@@ -1,18 +1,22 @@
 """Adapter for ``torch.nn.SyncBatchNorm``: native on CUDA, torch's own code over our kernels on CPU.
 
-On CPU the mode is ``cpu-emulation`` (see :mod:`harness.emulation` for exactly
-which parts are torch's and which are ours).
+On CPU the mode is ``cpu-emulation`` (see :mod:`harness.impls.torch_emulation`
+for exactly which parts are torch's and which are ours).
 """
 
 from __future__ import annotations
 
-from harness.case import Case
-from harness.impls import Capabilities, Impl, register
+from harness.catalog.case import Case
+from harness.impls.base import Capabilities, Impl, construct_like_syncbn
+from harness.impls.registry import register
 
 
 @register("torch")
 class TorchImpl(Impl):
+    """``torch.nn.SyncBatchNorm`` and its ``convert_sync_batchnorm``."""
+
     mode = "native"
+    path = "module"  # how the CPU emulation gets past the module's device check (set per rank)
     capabilities = Capabilities(convert=True)
 
     def version(self) -> str:
@@ -22,46 +26,45 @@ class TorchImpl(Impl):
 
     def check_available_on(self, device: str) -> None:
         if device == "cpu":
-            from harness import emulation
             from harness.errors import ImplUnavailable
+            from harness.impls import torch_emulation
 
-            reason = emulation.unavailable_reason()
+            reason = torch_emulation.unavailable_reason()
             if reason:
                 raise ImplUnavailable(f"torch cpu-emulation unavailable: {reason}")
 
     def setup_rank(self, device: str) -> None:
         if device == "cpu":
-            from harness import emulation
+            from harness.impls import torch_emulation
 
-            emulation.install()
+            torch_emulation.install()
             self.mode = "cpu-emulation"
-            self.path = emulation.device_check_path()
+            self.path = torch_emulation.device_check_path()
 
     def describe(self) -> dict:
-        from harness import emulation
+        from harness.impls import torch_emulation
 
         d = super().describe()
         d["mode"] = "native on cuda, cpu-emulation on cpu"
-        d["cpu_path"] = emulation.device_check_path()
+        d["cpu_path"] = torch_emulation.device_check_path()
         return d
 
     def build(self, case: Case, process_group, device: str):
         import torch
 
         cls = torch.nn.SyncBatchNorm
-        if device == "cpu" and getattr(self, "path", "module") == "function":
-            from harness.emulation import FunctionDriven
+        if device == "cpu" and self.path == "function":
+            from harness.impls.torch_emulation import FunctionDriven
 
             cls = FunctionDriven
-        return cls(case.channels, eps=case.eps, momentum=case.momentum, affine=case.affine,
-                   track_running_stats=case.track_running_stats, process_group=process_group)
+        return construct_like_syncbn(cls, case, process_group)
 
     def convert(self, model, process_group):
         import torch
 
         converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group)
-        if getattr(self, "path", "module") == "function":
-            from harness.emulation import FunctionDriven
+        if self.path == "function":
+            from harness.impls.torch_emulation import FunctionDriven
 
             for m in converted.modules():
                 if type(m) is torch.nn.SyncBatchNorm:
@@ -69,8 +72,8 @@ class TorchImpl(Impl):
         return converted
 
     def forward(self, module, input):
-        if input.device.type == "cpu" and getattr(self, "path", None) == "module":
-            from harness.emulation import privateuse1_answers_cpu
+        if input.device.type == "cpu" and self.mode == "cpu-emulation" and self.path == "module":
+            from harness.impls.torch_emulation import privateuse1_answers_cpu
 
             with privateuse1_answers_cpu():
                 return module(input)

@@ -10,7 +10,7 @@
 // blocks, parallel over blocks; block partials are merged in block order, so
 // results do not depend on the number of threads. (at::parallel_for uses
 // torch's OpenMP threads only if this file is built with -fopenmp: see
-// harness/extension.py.) A channel's segments lie far apart, where the
+// kernels/extension.py.) A channel's segments lie far apart, where the
 // hardware prefetcher does not follow: each reduction prefetches the chunk or
 // block its thread reads next while it computes the current one, so memory
 // reads overlap the arithmetic.
@@ -55,6 +55,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "../common.h"
+
 #if defined(__AVX__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -78,30 +80,13 @@ constexpr int64_t kBlockElems = 4096;
 // Below this many contiguous elements per (sample, channel) the row-block path wins.
 constexpr int64_t kMinInnerForChannelPath = 16;
 
-struct View {
-  int64_t outer;
-  int64_t channels;
-  int64_t inner;
-};
-
-at::MemoryFormat format_of(const Tensor& t) {
-  return t.suggest_memory_format();
-}
-
-View view_of(const Tensor& x, at::MemoryFormat fmt) {
-  TORCH_CHECK(x.dim() >= 2, "syncbn_ref: expected input with at least 2 dims (N, C, ...), got ", x.dim(), "-D");
-  const int64_t n = x.size(0);
-  const int64_t c = x.size(1);
-  const int64_t spatial = c == 0 || n == 0 ? 0 : x.numel() / (n * c);
-  if (fmt == at::MemoryFormat::ChannelsLast || fmt == at::MemoryFormat::ChannelsLast3d) {
-    return {n * spatial, c, 1};
-  }
-  return {n, c, spatial};
-}
-
-at::ScalarType acc_type_of(at::ScalarType t) {
-  return t == at::kDouble ? at::kDouble : at::kFloat;
-}
+using common::acc_type_of;
+using common::check_channels;
+using common::check_grad_shape;
+using common::check_stat_dtypes;
+using common::format_of;
+using common::View;
+using common::view_of;
 
 // Chan's parallel merge of (n, mean, m2) with (nb, meanb, m2b).
 inline void chan_merge(double& n, double& mean, double& m2, double nb, double meanb, double m2b) {
@@ -661,19 +646,19 @@ struct Affine {
 
 Affine affine_of(const Tensor& mean, const Tensor& invstd, const c10::optional<Tensor>& weight,
                  const c10::optional<Tensor>& bias, int64_t C) {
-  TORCH_CHECK(mean.numel() == C && invstd.numel() == C, "syncbn_ref: mean and invstd must have ", C,
-              " elements (one per channel), got ", mean.numel(), " and ", invstd.numel());
+  check_channels(mean.numel(), C, "mean");
+  check_channels(invstd.numel(), C, "invstd");
   Affine a;
   a.mean = as_doubles(mean);
   a.scale = as_doubles(invstd);
   a.shift.assign(C, 0.0);
   if (weight.has_value() && weight->defined()) {
-    TORCH_CHECK(weight->numel() == C, "syncbn_ref: weight must have ", C, " elements, got ", weight->numel());
+    check_channels(weight->numel(), C, "weight");
     const auto w = as_doubles(*weight);
     for (int64_t c = 0; c < C; ++c) a.scale[c] *= w[c];
   }
   if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == C, "syncbn_ref: bias must have ", C, " elements, got ", bias->numel());
+    check_channels(bias->numel(), C, "bias");
     a.shift = as_doubles(*bias);
   }
   return a;
@@ -820,12 +805,7 @@ std::tuple<Tensor, Tensor> batch_norm_gather_stats_with_counts(const Tensor& inp
                                                                const c10::optional<Tensor>& running_mean,
                                                                const c10::optional<Tensor>& running_var,
                                                                double momentum, double eps, const Tensor& counts) {
-  TORCH_CHECK(mean.dim() == 2 && invstd.sizes() == mean.sizes(),
-              "syncbn_ref: mean and invstd must be [world_size, C] of the same shape, got ", mean.sizes(), " and ",
-              invstd.sizes());
-  const int64_t W = mean.size(0), C = mean.size(1);
-  TORCH_CHECK(counts.numel() == W, "syncbn_ref: counts must have one entry per gathered row (", W, "), got ",
-              counts.numel());
+  const int64_t W = common::check_gathered(mean, invstd, counts), C = mean.size(1);
   const auto vm = as_doubles(mean);
   const auto vi = as_doubles(invstd);
   const auto vc = as_doubles(counts);
@@ -852,13 +832,13 @@ std::tuple<Tensor, Tensor> batch_norm_gather_stats_with_counts(const Tensor& inp
   }
   if (running_mean.has_value() && running_mean->defined()) {
     Tensor rm = *running_mean;
-    TORCH_CHECK(rm.numel() == C, "syncbn_ref: running_mean must have ", C, " elements, got ", rm.numel());
+    check_channels(rm.numel(), C, "running_mean");
     Tensor upd = rm.to(at::kDouble) * (1.0 - momentum) + r_mean * momentum;
     rm.copy_(upd.view(rm.sizes()));
   }
   if (running_var.has_value() && running_var->defined()) {
     Tensor rv = *running_var;
-    TORCH_CHECK(rv.numel() == C, "syncbn_ref: running_var must have ", C, " elements, got ", rv.numel());
+    check_channels(rv.numel(), C, "running_var");
     Tensor unbiased = at::empty({C}, mean.options().dtype(at::kDouble));
     for (int64_t c = 0; c < C; ++c) unbiased.data_ptr<double>()[c] = out_var_n[c] / (out_n[c] - 1.0);
     Tensor upd = rv.to(at::kDouble) * (1.0 - momentum) + unbiased * momentum;
@@ -958,19 +938,16 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward_reduce(const Tens
                                                                       const Tensor& mean, const Tensor& invstd,
                                                                       const c10::optional<Tensor>& weight,
                                                                       bool input_g, bool weight_g, bool bias_g) {
-  TORCH_CHECK(grad_out.sizes() == input.sizes(), "syncbn_ref: grad_out shape ", grad_out.sizes(),
-              " differs from input shape ", input.sizes());
-  TORCH_CHECK(mean.scalar_type() == invstd.scalar_type(), "syncbn_ref: mean and invstd need the same dtype, got ",
-              mean.scalar_type(), " and ", invstd.scalar_type());
+  check_grad_shape(grad_out, input);
+  check_stat_dtypes(mean, invstd);
   const auto fmt = format_of(input);
   const Tensor x = input.contiguous(fmt);
   const Tensor dy = grad_out.to(x.scalar_type()).contiguous(fmt);
   const View v = view_of(x, fmt);
   const auto vmean = as_doubles(mean);
   const auto vinv = as_doubles(invstd);
-  TORCH_CHECK(static_cast<int64_t>(vmean.size()) == v.channels && static_cast<int64_t>(vinv.size()) == v.channels,
-              "syncbn_ref: mean and invstd must have ", v.channels, " elements, got ", vmean.size(), " and ",
-              vinv.size());
+  check_channels(static_cast<int64_t>(vmean.size()), v.channels, "mean");
+  check_channels(static_cast<int64_t>(vinv.size()), v.channels, "invstd");
   std::vector<double> s, sx;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_ref_backward_reduce",
                                   [&] { backward_sums<scalar_t>(x, dy, v, vmean, s, sx); });
@@ -993,8 +970,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward_reduce(const Tens
 Tensor batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& input, const Tensor& mean,
                                  const Tensor& invstd, const c10::optional<Tensor>& weight, const Tensor& sum_dy,
                                  const Tensor& sum_dy_xmu, const Tensor& count) {
-  TORCH_CHECK(grad_out.sizes() == input.sizes(), "syncbn_ref: grad_out shape ", grad_out.sizes(),
-              " differs from input shape ", input.sizes());
+  check_grad_shape(grad_out, input);
   const auto fmt = format_of(input);
   const Tensor x = input.contiguous(fmt);
   const Tensor dy = grad_out.to(x.scalar_type()).contiguous(fmt);
@@ -1002,16 +978,16 @@ Tensor batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& input, co
   const int64_t C = v.channels;
   double total = 0;
   for (double n : as_doubles(count)) total += n;
-  TORCH_CHECK(total > 0, "syncbn_ref: the global element count must be positive, got ", total);
+  common::check_total(total);
   const auto vm = as_doubles(mean), vi = as_doubles(invstd), s = as_doubles(sum_dy), sx = as_doubles(sum_dy_xmu);
-  TORCH_CHECK(static_cast<int64_t>(vm.size()) == C && static_cast<int64_t>(s.size()) == C &&
-                  static_cast<int64_t>(sx.size()) == C,
-              "syncbn_ref: mean, sum_dy and sum_dy_xmu must have ", C, " elements");
-  TORCH_CHECK(static_cast<int64_t>(vi.size()) == C, "syncbn_ref: invstd must have ", C, " elements, got ", vi.size());
+  check_channels(static_cast<int64_t>(vm.size()), C, "mean");
+  check_channels(static_cast<int64_t>(s.size()), C, "sum_dy");
+  check_channels(static_cast<int64_t>(sx.size()), C, "sum_dy_xmu");
+  check_channels(static_cast<int64_t>(vi.size()), C, "invstd");
   std::vector<double> w(C, 1.0);
   if (weight.has_value() && weight->defined()) {
     w = as_doubles(*weight);
-    TORCH_CHECK(static_cast<int64_t>(w.size()) == C, "syncbn_ref: weight must have ", C, " elements, got ", w.size());
+    check_channels(static_cast<int64_t>(w.size()), C, "weight");
   }
   std::vector<double> grad_mean(C), proj(C), gscale(C);
   for (int64_t c = 0; c < C; ++c) {
@@ -1047,11 +1023,7 @@ Tensor welford_stats(const Tensor& input) {
 }
 
 Tensor welford_merge(const Tensor& gathered) {
-  TORCH_CHECK(gathered.dim() == 2 && gathered.size(1) % 2 == 1,
-              "syncbn_ref: welford_merge expects [world_size, 2*C+1] rows from welford_stats, got ",
-              gathered.sizes());
-  TORCH_CHECK(gathered.scalar_type() == at::kDouble, "syncbn_ref: welford_merge expects float64 rows, got ",
-              gathered.scalar_type());
+  common::check_welford_rows(gathered);
   const Tensor g = gathered.contiguous();
   const int64_t W = g.size(0), C = (g.size(1) - 1) / 2;
   const double* p = g.data_ptr<double>();

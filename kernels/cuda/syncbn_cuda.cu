@@ -58,6 +58,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
+#include "../common.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -83,30 +85,13 @@ constexpr int kMapThreads = 256;
 constexpr int64_t kMaxMapBlocks = 65535;  // grid-stride loop covers the rest
 constexpr int kPerChannelThreads = 128;
 
-struct View {
-  int64_t outer;
-  int64_t channels;
-  int64_t inner;
-};
-
-at::MemoryFormat format_of(const Tensor& t) {
-  return t.suggest_memory_format();
-}
-
-View view_of(const Tensor& x, at::MemoryFormat fmt) {
-  TORCH_CHECK(x.dim() >= 2, "syncbn_ref: expected input with at least 2 dims (N, C, ...), got ", x.dim(), "-D");
-  const int64_t n = x.size(0);
-  const int64_t c = x.size(1);
-  const int64_t spatial = c == 0 || n == 0 ? 0 : x.numel() / (n * c);
-  if (fmt == at::MemoryFormat::ChannelsLast || fmt == at::MemoryFormat::ChannelsLast3d) {
-    return {n * spatial, c, 1};
-  }
-  return {n, c, spatial};
-}
-
-at::ScalarType acc_type_of(at::ScalarType t) {
-  return t == at::kDouble ? at::kDouble : at::kFloat;
-}
+using common::acc_type_of;
+using common::check_channels;
+using common::check_grad_shape;
+using common::check_stat_dtypes;
+using common::format_of;
+using common::View;
+using common::view_of;
 
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
@@ -529,12 +514,7 @@ std::tuple<Tensor, Tensor> batch_norm_gather_stats_with_counts(const Tensor& inp
                                                                const c10::optional<Tensor>& running_var,
                                                                double momentum, double eps, const Tensor& counts) {
   (void)input;  // as in the CPU kernel: only the gathered statistics matter
-  TORCH_CHECK(mean.dim() == 2 && invstd.sizes() == mean.sizes(),
-              "syncbn_ref: mean and invstd must be [world_size, C] of the same shape, got ", mean.sizes(), " and ",
-              invstd.sizes());
-  const int64_t W = mean.size(0), C = mean.size(1);
-  TORCH_CHECK(counts.numel() == W, "syncbn_ref: counts must have one entry per gathered row (", W, "), got ",
-              counts.numel());
+  const int64_t W = common::check_gathered(mean, invstd, counts), C = mean.size(1);
   // The CPU kernel puts its results on mean's device; so does this one.
   check_cuda(mean, "mean");
   const at::Device dev = mean.device();
@@ -551,14 +531,14 @@ std::tuple<Tensor, Tensor> batch_norm_gather_stats_with_counts(const Tensor& inp
                                  r_invstd.data_ptr<double>(), unbiased.data_ptr<double>()});
   if (running_mean.has_value() && running_mean->defined()) {
     Tensor rm = *running_mean;
-    TORCH_CHECK(rm.numel() == C, "syncbn_ref: running_mean must have ", C, " elements, got ", rm.numel());
+    check_channels(rm.numel(), C, "running_mean");
     TORCH_CHECK(rm.device() == dev, "syncbn_ref: running_mean is on ", rm.device(), " but mean is on ", dev);
     Tensor upd = rm.to(at::kDouble) * (1.0 - momentum) + r_mean * momentum;
     rm.copy_(upd.view(rm.sizes()));
   }
   if (running_var.has_value() && running_var->defined()) {
     Tensor rv = *running_var;
-    TORCH_CHECK(rv.numel() == C, "syncbn_ref: running_var must have ", C, " elements, got ", rv.numel());
+    check_channels(rv.numel(), C, "running_var");
     TORCH_CHECK(rv.device() == dev, "syncbn_ref: running_var is on ", rv.device(), " but mean is on ", dev);
     Tensor upd = rv.to(at::kDouble) * (1.0 - momentum) + unbiased * momentum;
     rv.copy_(upd.view(rv.sizes()));
@@ -577,17 +557,17 @@ Tensor batch_norm_elemt(const Tensor& input, const c10::optional<Tensor>& weight
   const View v = view_of(x, fmt);
   const int64_t C = v.channels;
   const at::Device dev = x.device();
-  TORCH_CHECK(mean.numel() == C && invstd.numel() == C, "syncbn_ref: mean and invstd must have ", C,
-              " elements (one per channel), got ", mean.numel(), " and ", invstd.numel());
+  check_channels(mean.numel(), C, "mean");
+  check_channels(invstd.numel(), C, "invstd");
   const Tensor vm = as_doubles(mean, dev);
   Tensor scale = as_doubles(invstd, dev);
   if (weight.has_value() && weight->defined()) {
-    TORCH_CHECK(weight->numel() == C, "syncbn_ref: weight must have ", C, " elements, got ", weight->numel());
+    check_channels(weight->numel(), C, "weight");
     scale = scale * as_doubles(*weight, dev);  // one IEEE product per channel, as on the CPU
   }
   Tensor shift;
   if (bias.has_value() && bias->defined()) {
-    TORCH_CHECK(bias->numel() == C, "syncbn_ref: bias must have ", C, " elements, got ", bias->numel());
+    check_channels(bias->numel(), C, "bias");
     shift = as_doubles(*bias, dev);
   } else {
     shift = at::zeros({C}, x.options().dtype(at::kDouble));
@@ -605,10 +585,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward_reduce(const Tens
                                                                       const Tensor& mean, const Tensor& invstd,
                                                                       const c10::optional<Tensor>& weight,
                                                                       bool input_g, bool weight_g, bool bias_g) {
-  TORCH_CHECK(grad_out.sizes() == input.sizes(), "syncbn_ref: grad_out shape ", grad_out.sizes(),
-              " differs from input shape ", input.sizes());
-  TORCH_CHECK(mean.scalar_type() == invstd.scalar_type(), "syncbn_ref: mean and invstd need the same dtype, got ",
-              mean.scalar_type(), " and ", invstd.scalar_type());
+  check_grad_shape(grad_out, input);
+  check_stat_dtypes(mean, invstd);
   check_cuda(input, "input");
   check_same_device(grad_out, "grad_out", input);
   c10::cuda::CUDAGuard device_guard(input.device());
@@ -618,7 +596,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward_reduce(const Tens
   const View v = view_of(x, fmt);
   const int64_t C = v.channels;
   const at::Device dev = x.device();
-  TORCH_CHECK(mean.numel() == C, "syncbn_ref: mean must have ", C, " elements, got ", mean.numel());
+  check_channels(mean.numel(), C, "mean");
   const Tensor vm = as_doubles(mean, dev);
   const auto dopts = x.options().dtype(at::kDouble);
   Tensor s = at::empty({C}, dopts);
@@ -638,7 +616,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward_reduce(const Tens
     sum_dy_xmu = sx.to(mean.options(), /*non_blocking=*/false, /*copy=*/true);
   }
   if (weight_g) {
-    TORCH_CHECK(invstd.numel() == C, "syncbn_ref: invstd must have ", C, " elements, got ", invstd.numel());
+    check_channels(invstd.numel(), C, "invstd");
     grad_weight = (sx * as_doubles(invstd, dev)).to(wopts, /*non_blocking=*/false, /*copy=*/true);
   }
   if (bias_g) grad_bias = s.to(wopts, /*non_blocking=*/false, /*copy=*/true);
@@ -648,8 +626,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward_reduce(const Tens
 Tensor batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& input, const Tensor& mean,
                                  const Tensor& invstd, const c10::optional<Tensor>& weight, const Tensor& sum_dy,
                                  const Tensor& sum_dy_xmu, const Tensor& count) {
-  TORCH_CHECK(grad_out.sizes() == input.sizes(), "syncbn_ref: grad_out shape ", grad_out.sizes(),
-              " differs from input shape ", input.sizes());
+  check_grad_shape(grad_out, input);
   check_cuda(input, "input");
   check_same_device(grad_out, "grad_out", input);
   c10::cuda::CUDAGuard device_guard(input.device());
@@ -662,10 +639,11 @@ Tensor batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& input, co
   // The one host sync of this file: the CPU kernel raises on a non-positive
   // total, and raising needs the value on the host.
   const double total = count.detach().to(at::kDouble).sum().item<double>();
-  TORCH_CHECK(total > 0, "syncbn_ref: the global element count must be positive, got ", total);
-  TORCH_CHECK(mean.numel() == C && sum_dy.numel() == C && sum_dy_xmu.numel() == C,
-              "syncbn_ref: mean, sum_dy and sum_dy_xmu must have ", C, " elements");
-  TORCH_CHECK(invstd.numel() == C, "syncbn_ref: invstd must have ", C, " elements, got ", invstd.numel());
+  common::check_total(total);
+  check_channels(mean.numel(), C, "mean");
+  check_channels(sum_dy.numel(), C, "sum_dy");
+  check_channels(sum_dy_xmu.numel(), C, "sum_dy_xmu");
+  check_channels(invstd.numel(), C, "invstd");
   const auto dopts = x.options().dtype(at::kDouble);
   const Tensor vm = as_doubles(mean, dev);
   const Tensor vi = as_doubles(invstd, dev);
@@ -673,7 +651,7 @@ Tensor batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& input, co
   const Tensor vsx = as_doubles(sum_dy_xmu, dev);
   Tensor vw;
   if (weight.has_value() && weight->defined()) {
-    TORCH_CHECK(weight->numel() == C, "syncbn_ref: weight must have ", C, " elements, got ", weight->numel());
+    check_channels(weight->numel(), C, "weight");
     vw = as_doubles(*weight, dev);
   } else {
     vw = at::ones({C}, dopts);
@@ -711,11 +689,7 @@ Tensor welford_stats(const Tensor& input) {
 }
 
 Tensor welford_merge(const Tensor& gathered) {
-  TORCH_CHECK(gathered.dim() == 2 && gathered.size(1) % 2 == 1,
-              "syncbn_ref: welford_merge expects [world_size, 2*C+1] rows from welford_stats, got ",
-              gathered.sizes());
-  TORCH_CHECK(gathered.scalar_type() == at::kDouble, "syncbn_ref: welford_merge expects float64 rows, got ",
-              gathered.scalar_type());
+  common::check_welford_rows(gathered);
   check_cuda(gathered, "gathered");
   c10::cuda::CUDAGuard device_guard(gathered.device());
   const Tensor g = gathered.contiguous();

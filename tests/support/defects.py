@@ -66,7 +66,7 @@ class WorldSizeBackward(GatherSyncBN):
     """Backward divides by world_size * local count instead of the global count (pytorch#36382)."""
 
     def backward_count(self, total, x):
-        return dist.get_world_size(self.group()) * max(x.numel() // x.shape[1], 1)
+        return dist.get_world_size(self.process_group or dist.group.WORLD) * max(x.numel() // x.shape[1], 1)
 
 
 class ChannelsLastReadAsNCHW(TextbookSyncBN):
@@ -207,24 +207,27 @@ class DropsChannelTail(TextbookSyncBN):
         return out
 
 
-# Defect -> patterns of default-selection cases that must fail for it to count as caught.
+# Defect -> (patterns of default-selection cases that must catch it, the status they must give, the tensor whose
+# metric must fail). Caught means a judgement on the tensor the defect corrupts, not some crash on the way.
 CATCHERS = {
-    EqualWeightMerge: ["allgather-shape/uneven-*", "allgather-shape/empt*"],
-    NaiveVariance: ["numerics/offset-*"],
-    BiasedRunningVar: ["module-config/*"],
-    NoGradThroughStats: ["module-config/*"],
-    WorldSizeBackward: ["allgather-shape/uneven-*"],
-    ChannelsLastReadAsNCHW: ["channels-last/*", "*/channels_last*"],
-    OutputLosesChannelsLast: ["channels-last/*", "*/channels_last*"],
-    IgnoresProcessGroup: ["process-group/*"],
-    EvalUsesBatchStats: ["module-config/train-eval-train/*", "module-config/eval-only/*"],
-    OutputInParamDtype: ["mixed-precision/*"],
-    EmptyRankPoisons: ["allgather-shape/empt*", "*/empty-rank/*"],
-    MomentumNoneAsDefault: ["module-config/momentum-none-*"],
-    BatchesNotCounted: ["module-config/*"],
-    EpsOutsideSqrt: ["numerics/var-*", "module-config/eps-*"],
-    GradWeightAveraged: ["allgather-shape/uneven-*"],
-    HalfCounts: ["mixed-precision/count-2049/*"],
-    HalfAccumulation: ["mixed-precision/half-sum-overflow/*"],
-    DropsChannelTail: ["numerics/channels-67/*", "numerics/channels-130/*", "channels-last/channels-*"],
+    EqualWeightMerge: (["allgather-shape/uneven-*", "allgather-shape/empt*"], "mismatch", "train.output"),
+    NaiveVariance: (["numerics/offset-*"], "mismatch", "train.output"),
+    BiasedRunningVar: (["module-config/*"], "mismatch", "running_var"),
+    NoGradThroughStats: (["module-config/*"], "mismatch", "grad_input"),
+    WorldSizeBackward: (["allgather-shape/uneven-*"], "mismatch", "grad_input"),
+    ChannelsLastReadAsNCHW: (["channels-last/*", "*/channels_last*"], "mismatch", "output"),
+    OutputLosesChannelsLast: (["channels-last/*", "*/channels_last*"], "mismatch", "output"),
+    IgnoresProcessGroup: (["process-group/*"], "mismatch", "train.output"),
+    EvalUsesBatchStats: (["module-config/train-eval-train/*", "module-config/eval-only/*"], "mismatch",
+                         "eval.output"),
+    OutputInParamDtype: (["mixed-precision/*"], "mismatch", "output"),
+    EmptyRankPoisons: (["allgather-shape/empt*", "*/empty-rank/*"], "mismatch", "output"),
+    MomentumNoneAsDefault: (["module-config/momentum-none-*"], "mismatch", "running_mean"),
+    BatchesNotCounted: (["module-config/*"], "mismatch", "num_batches_tracked"),
+    EpsOutsideSqrt: (["numerics/var-*", "module-config/eps-*"], "mismatch", "output"),
+    GradWeightAveraged: (["allgather-shape/uneven-*"], "mismatch", "grad_weight"),
+    HalfCounts: (["mixed-precision/count-2049/*"], "mismatch", "running_var"),
+    HalfAccumulation: (["mixed-precision/half-sum-overflow/*"], "mismatch", "output"),
+    DropsChannelTail: (["numerics/channels-67/*", "numerics/channels-130/*", "channels-last/channels-*"], "mismatch",
+                       "output"),
 }

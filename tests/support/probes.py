@@ -14,7 +14,7 @@ import time
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from harness.reference import SyncBatchNorm
+from harness.impls.reference import SyncBatchNorm
 
 
 class _Probe(SyncBatchNorm):
@@ -57,6 +57,18 @@ class ExitOnRank1(_Probe):
 class SleepOnRank1(_Probe):
     def misbehave(self, input):
         time.sleep(3600)
+
+
+class FailsOnRendezvousEnv(SyncBatchNorm):
+    """Correct, but raises on any rank that can see a rendezvous variable of the caller's environment."""
+
+    def forward(self, input):
+        from harness.engine import RENDEZVOUS_ENV
+
+        leaked = {k: os.environ[k] for k in RENDEZVOUS_ENV if k in os.environ}
+        if leaked:
+            raise RuntimeError(f"the caller's rendezvous environment reached this rank: {leaked}")
+        return super().forward(input)
 
 
 class SkipCollectiveOnRank1(_Probe):

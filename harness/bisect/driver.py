@@ -1,0 +1,142 @@
+"""The bisection driver: the ordered builds, the pure bisector, and a verdict for each build it asks about.
+
+:func:`bisect_builds` asks :func:`harness.bisect.bisector.run` to drive the
+bisection; each question is answered from the verdict cache or by preparing
+the build's environment (:mod:`harness.bisect.envs`) and running the
+selection in it (:mod:`harness.bisect.verdicts`). A build that cannot be
+installed is a SKIP (not cached: it may be transient), never an abort.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from harness.bisect import bisector
+from harness.bisect.bisector import Outcome, Result, Verdict
+from harness.bisect.builds import Build, IndexOptions, InstallFailed, ordered_builds
+from harness.bisect.envs import EnvOptions, ensure_env, env_key
+from harness.bisect.verdicts import EVAL_TIMEOUT_S, Evaluation, VerdictCache, evaluate, interpreter_fingerprint
+from harness.kernels.extension import cache_root
+from harness.selection import Selection
+
+
+
+
+@dataclass
+class BisectRun:
+    """A finished bisection: the builds, what each tested build said, and the result."""
+
+    builds: list[Build]
+    result: Result
+    evaluations: dict[int, Evaluation]
+    stats: dict
+
+    def differing_records(self) -> list[dict]:
+        """(case, impl) whose status differs between the last good and the first bad build."""
+        if self.result.last_good is None or self.result.first_bad is None:
+            return []
+        good = {(r["case"], r["impl"]): r for r in self.evaluations[self.result.last_good].records}
+        bad = {(r["case"], r["impl"]): r for r in self.evaluations[self.result.first_bad].records}
+        out = []
+        for key in sorted(set(good) | set(bad)):
+            g, b = good.get(key), bad.get(key)
+            gs, bs = (g or {}).get("status"), (b or {}).get("status")
+            if gs != bs:
+                out.append({"case": key[0], "impl": key[1],
+                            "good": {"status": gs, "message": (g or {}).get("message", "")},
+                            "bad": {"status": bs, "message": (b or {}).get("message", ""),
+                                    "metrics": {k: m for k, m in (b or {}).get("metrics", {}).items()
+                                                if isinstance(m, dict) and not m.get("ok", True)}}})
+        return out
+
+    def summary(self) -> str:
+        """What a person reads at the end: the verdicts, the answer, and the records that differ."""
+        lines = []
+        for i, build in enumerate(self.builds):
+            ev = self.evaluations.get(i)
+            mark = f"{ev.verdict.value:<4}" + (" (cached)" if ev.cached else "") if ev else "-"
+            reason = (ev.reason if len(ev.reason) < 160 else ev.reason[:157] + "...") if ev else ""
+            lines.append(f"  {build.label:<40} {mark}" + (f"  {reason}" if ev and ev.verdict != Verdict.GOOD else ""))
+        res = self.result
+        if res.outcome is Outcome.GOOD_END_NOT_GOOD:
+            ev = self.evaluations[0]
+            lines.append(f"good end {self.builds[0].label} is not good ({ev.verdict.value}): {ev.reason}; "
+                         "give a --good build that passes the selection")
+        elif res.outcome is Outcome.BAD_END_NOT_BAD:
+            ev = self.evaluations[len(self.builds) - 1]
+            lines.append(f"bad end {self.builds[-1].label} is not bad ({ev.verdict.value}): {ev.reason}; "
+                         "give a --bad build that fails the selection")
+        else:
+            lines.append(f"first bad: {self.builds[res.first_bad].label}")
+            lines.append(f"last good: {self.builds[res.last_good].label}")
+            if res.outcome is Outcome.AMBIGUOUS:
+                lines.append("the builds between could not be tested; the first bad build is one of: "
+                             + ", ".join(self.builds[i].label for i in res.candidates))
+            diff = self.differing_records()
+            lines.append(f"records that differ ({len(diff)}):" if diff else "no record differs in status")
+            for d in diff:
+                lines.append(f"  {d['case']} [{d['impl']}]: {d['good']['status']} -> {d['bad']['status']}  "
+                             f"{d['bad']['message'][:300]}")
+        lines.append(f"({self.stats['evaluated']} builds tested, {self.stats['cached']} verdicts from cache, "
+                     f"{self.stats['envs_created']} environments created)")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"builds": [{**b.to_dict(), **({"verdict": self.evaluations[i].verdict.value,
+                                               "reason": self.evaluations[i].reason,
+                                               "cached": self.evaluations[i].cached}
+                                              if i in self.evaluations else {"verdict": None})}
+                           for i, b in enumerate(self.builds)],
+                "result": self.result.to_dict(),
+                "first_bad": self.builds[self.result.first_bad].label if self.result.first_bad is not None else None,
+                "last_good": self.builds[self.result.last_good].label if self.result.last_good is not None else None,
+                "differing": self.differing_records(), "stats": self.stats}
+
+
+def bisect_builds(*, good: str, bad: str, selection: Optional[Selection] = None, package: Optional[str] = None,
+                  versions: Sequence[str] = (), builds_file: Optional[str] = None,
+                  index: Optional[IndexOptions] = None, inherit: Optional[bool] = None, rerun: bool = False,
+                  eval_timeout: float = EVAL_TIMEOUT_S, log: Callable[[str], None] = lambda s: None) -> BisectRun:
+    """Bisect the builds from ``good`` to ``bad`` with the selection; see the module docstring."""
+    selection = selection or Selection()
+    index = index or IndexOptions()
+    builds = ordered_builds(good, bad, package=package, versions=versions, builds_file=builds_file, index=index)
+    if selection.case_patterns:
+        selection.cases  # noqa: B018 - an unknown pattern is a usage error here, before any build is prepared
+    pkg = package or builds[0].package or "torch"
+    opts = EnvOptions(inherit=(pkg != "torch") if inherit is None else inherit, index=index)
+    cache = VerdictCache()
+    stats = {"evaluated": 0, "cached": 0, "envs_created": 0}
+    evaluations: dict[int, Evaluation] = {}
+    log(f"bisecting {len(builds)} builds from {builds[0].label} (good) to {builds[-1].label} (bad)"
+        + (", environments inherit this interpreter's packages" if opts.inherit else ""))
+
+    def judge(i: int) -> Verdict:
+        build = builds[i]
+        build_id = (f"{build.kind}:{env_key(build, opts)}" if build.kind != "python"
+                    else f"python:{interpreter_fingerprint(Path(build.path))}")
+        key = cache.key(build_id, selection)
+        ev = None if rerun else cache.get(key)
+        if ev is not None:
+            stats["cached"] += 1
+            log(f"[{i + 1}/{len(builds)}] {build.label}: {ev.verdict.value} (cached) {ev.reason}")
+        else:
+            log(f"[{i + 1}/{len(builds)}] {build.label}: preparing")
+            try:
+                python, created = ensure_env(build, opts, log)
+            except InstallFailed as exc:
+                ev = Evaluation(Verdict.SKIP, f"install failed: {exc}")
+            else:
+                stats["envs_created"] += int(created)
+                store = cache_root() / "bisect" / "stores" / build_id.replace(":", "-")
+                ev = evaluate(python, selection, store, timeout=eval_timeout)
+                cache.put(key, build, ev)
+            stats["evaluated"] += 1
+            log(f"[{i + 1}/{len(builds)}] {build.label}: {ev.verdict.value} in {ev.duration_s:.1f}s  {ev.reason}")
+        evaluations[i] = ev
+        return ev.verdict
+
+    result = bisector.run(bisector.Bisector(len(builds)), judge)
+    return BisectRun(builds, result, evaluations, stats)

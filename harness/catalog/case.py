@@ -1,0 +1,186 @@
+"""A case: plain data that says what to run, and the tensors it stands for.
+
+A :class:`Case` is frozen plain data (numbers, strings, tuples) that crosses
+process boundaries as a dict (``to_dict``/``from_dict``). Its tensors are not
+stored: :func:`materialize` regenerates them from ``seed``, identically in
+every process, on CPU, and rounds them to the case's dtypes. The oracle and
+every rank therefore see the same inputs without sending them anywhere.
+
+Per step and rank, the input has shape ``(batch_sizes[r], channels,
+*spatial[r])`` and the upstream gradient the same shape. The gradient is laid
+out in ``grad_memory_format`` (default: the input's), so cases can hand an
+implementation a gradient whose layout differs from its input's.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import asdict, dataclass, field, fields
+from typing import Optional
+
+import torch
+
+DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
+MEMORY_FORMATS = {
+    "contiguous": torch.contiguous_format,
+    "channels_last": torch.channels_last,
+    "channels_last_3d": torch.channels_last_3d,
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One SyncBN scenario. ``id`` is stable and starts with the family name."""
+
+    id: str
+    family: str
+    batch_sizes: tuple[int, ...]
+    spatial: tuple[tuple[int, ...], ...]  # per rank; all of length ndim - 2
+    channels: int = 8
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    memory_format: str = "contiguous"
+    grad_memory_format: Optional[str] = None
+    affine: bool = True
+    track_running_stats: bool = True
+    momentum: Optional[float] = 0.1
+    eps: float = 1e-5
+    steps: tuple[str, ...] = ("train",)
+    groups: Optional[tuple[tuple[int, ...], ...]] = None  # process subgroups partitioning the ranks
+    input_mean: float = 0.0  # inputs ~ input_mean + input_scale * (channel offset + N(0, 1))
+    input_scale: float = 1.0
+    constant_channels: tuple[int, ...] = ()  # channels whose input is constant (zero variance)
+    model: Optional[str] = None  # "nested": the layer sits in a nested model converted by the implementation
+    scenario: str = "layer"  # what a rank does with the case (a module of harness.scenarios)
+    seed: int = -1  # -1: derived from the id, so a case's data never changes with catalog order
+    default: bool = True  # in the default selection (else only with --exhaustive)
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.spatial) != len(self.batch_sizes):
+            raise ValueError(f"case {self.id}: one spatial shape per rank needed")
+        if len({len(s) for s in self.spatial}) != 1:
+            raise ValueError(f"case {self.id}: every rank needs the same number of dims")
+        if self.dtype not in DTYPES or self.param_dtype not in DTYPES:
+            raise ValueError(f"case {self.id}: dtype must be one of {sorted(DTYPES)}")
+        if self.memory_format not in MEMORY_FORMATS:
+            raise ValueError(f"case {self.id}: memory_format must be one of {sorted(MEMORY_FORMATS)}")
+        if not self.id.startswith(self.family + "/"):
+            raise ValueError(f"case id {self.id!r} must start with its family {self.family!r}/")
+        if self.seed < 0:
+            object.__setattr__(self, "seed", zlib.crc32(self.id.encode()) & 0x7FFFFFFF)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.batch_sizes)
+
+    @property
+    def ndim(self) -> int:
+        return 2 + len(self.spatial[0])
+
+    def params(self) -> dict:
+        """The flat parameter dict every record carries (names as in torch: dtype ``"float16"``, ...)."""
+        return {
+            "dtype": self.dtype,
+            "param_dtype": self.param_dtype,
+            "memory_format": self.memory_format,
+            "grad_memory_format": self.grad_memory_format or self.memory_format,
+            "ndim": self.ndim,
+            "batch_sizes": list(self.batch_sizes),
+            "spatial": [list(s) for s in self.spatial],
+            "channels": self.channels,
+            "world_size": self.world_size,
+            "affine": self.affine,
+            "track_running_stats": self.track_running_stats,
+            "momentum": self.momentum,
+            "eps": self.eps,
+            "steps": list(self.steps),
+            "groups": [list(g) for g in self.groups] if self.groups else None,
+            "input_mean": self.input_mean,
+            "input_scale": self.input_scale,
+            "seed": self.seed,
+            "model": self.model,
+            "scenario": self.scenario,
+        }
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Case":
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        for key in ("batch_sizes", "steps", "constant_channels"):
+            if key in kw:
+                kw[key] = tuple(kw[key])
+        kw["spatial"] = tuple(tuple(s) for s in kw["spatial"])
+        if kw.get("groups") is not None:
+            kw["groups"] = tuple(tuple(g) for g in kw["groups"])
+        return cls(**kw)
+
+    def group_of(self, rank: int) -> tuple[int, ...]:
+        for g in self.groups or (tuple(range(self.world_size)),):
+            if rank in g:
+                return tuple(g)
+        raise ValueError(f"rank {rank} is in no group of case {self.id}")
+
+
+@dataclass
+class CaseData:
+    """The tensors of a case, on CPU, already in their dtypes and layouts."""
+
+    inputs: list[list[torch.Tensor]]  # [step][rank]
+    grad_outputs: list[list[torch.Tensor]]
+    weight: torch.Tensor
+    bias: torch.Tensor
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+    extra: dict = field(default_factory=dict)
+
+
+def materialize(case: Case) -> CaseData:
+    """Regenerate the case's tensors from its seed (same result in every process)."""
+    gen = torch.Generator().manual_seed(case.seed)
+    C = case.channels
+    dtype = DTYPES[case.dtype]
+    pdtype = DTYPES[case.param_dtype]
+    fmt = MEMORY_FORMATS[case.memory_format]
+    gfmt = MEMORY_FORMATS[case.grad_memory_format or case.memory_format]
+    # Per-channel offsets and scales, so channels differ in mean and spread.
+    chan_off = torch.randn(C, generator=gen, dtype=torch.float64)
+    chan_scale = torch.rand(C, generator=gen, dtype=torch.float64) * 1.5 + 0.5
+    # Affine parameters of both signs and varied magnitude, never ones and zeros.
+    sign = torch.where(torch.rand(C, generator=gen) < 0.3, -1.0, 1.0).double()
+    weight = (sign * (torch.rand(C, generator=gen, dtype=torch.float64) * 1.5 + 0.25)).to(pdtype)
+    bias = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5).to(pdtype)
+    running_mean = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.1).to(pdtype)
+    running_var = (torch.rand(C, generator=gen, dtype=torch.float64) * 0.5 + 0.75).to(pdtype)
+    inputs, grads = [], []
+    for _ in case.steps:
+        xs, gs = [], []
+        for n, sp in zip(case.batch_sizes, case.spatial):
+            shape = (n, C, *sp)
+            bshape = (1, C) + (1,) * len(sp)
+            z = torch.randn(shape, generator=gen, dtype=torch.float64)
+            x = case.input_mean + case.input_scale * (chan_off.view(bshape) + chan_scale.view(bshape) * z)
+            for c in case.constant_channels:
+                x[:, c] = case.input_mean + case.input_scale * float(chan_off[c])
+            g = torch.randn(shape, generator=gen, dtype=torch.float64)
+            xs.append(_layout(x.to(dtype), fmt))
+            gs.append(_layout(g.to(dtype), gfmt))
+        inputs.append(xs)
+        grads.append(gs)
+    return CaseData(inputs, grads, weight, bias, running_mean, running_var)
+
+
+def _layout(t: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
+    if fmt is torch.channels_last and t.dim() != 4:
+        return t.contiguous()
+    if fmt is torch.channels_last_3d and t.dim() != 5:
+        return t.contiguous()
+    return t.contiguous(memory_format=fmt)

@@ -1,0 +1,16 @@
+"""The execution engine: rank processes that run cases, and the parent that attributes what they did.
+
+- :mod:`~harness.engine.session`: run a selection (one warm pool per world size), yield records;
+- :mod:`~harness.engine.pool`: the parent side of a warm pool of rank processes;
+- :mod:`~harness.engine.rank`: the rank side (the process loop, the per-process context, one task);
+- :mod:`~harness.engine.attribution`: every rank's outcome of a task, and the case's status;
+- :mod:`~harness.engine.assemble`: the one path from rank outcomes to a record;
+- :mod:`~harness.engine.torchrun`: the same rank code as one rank of a torchrun job;
+- :mod:`~harness.engine.messages`: the plain data that crosses processes.
+"""
+
+# The variables by which torch.distributed and torchrun find a job. A caller's values must never reach a
+# rank process or a child harness: ranks get their rendezvous from the parent, explicitly.
+RENDEZVOUS_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+                  "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE", "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID",
+                  "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_USE_AGENT_STORE")

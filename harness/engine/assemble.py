@@ -1,0 +1,85 @@
+"""The one path from what the ranks did to a :class:`~harness.results.records.Record`.
+
+Used by the local pool (:mod:`harness.engine.session`) and by torchrun
+(:mod:`harness.engine.torchrun`) alike. A record gets the case's parameters,
+the build's identity, every rank's outcome, every rank's metrics (prefixed
+``rank<r>.``), the checks across ranks of the case's scenario (a rank-level
+pass can still be a case-level mismatch there), and what the known-issues
+file says of it.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Optional
+
+from harness.buildinfo import BuildInfo
+from harness.engine.attribution import message as attribution_message
+from harness.results.known_issues import annotate
+from harness.results.records import Record, Status
+
+
+def now() -> str:
+    """UTC, to the second, ISO 8601."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def record(case, impl, info: BuildInfo, device: str, backend: str, status: Status, message: str, **fields) -> Record:
+    """A record of ``(case, impl)`` on this build, annotated with the known-issues file."""
+    version = fields.pop("impl_version", None) or _safe_version(impl)
+    rec = Record(case=case.id, family=case.family, params=case.params(), impl=impl.name, status=status,
+                 message=message, impl_version=version, mode=fields.pop("mode", None) or impl.mode,
+                 torch_version=info.torch_version, torch_git_version=info.torch_git_version,
+                 cuda_version=info.cuda_version, device=device, backend=backend, world_size=case.world_size,
+                 host=info.host, started_at=fields.pop("started_at", None) or now(), **fields)
+    return annotate(rec)
+
+
+def not_run(case, impl, info: BuildInfo, device: str, backend: str, status: Status, reason: str) -> Record:
+    """A ``skipped`` or ``unsupported`` record, with the reason."""
+    return record(case, impl, info, device, backend, status, reason)
+
+
+def from_outcome(case, impl, info: BuildInfo, device: str, backend: str, outcome, started: str,
+                 duration: float) -> Record:
+    """The record of a task every rank took part in (``outcome``: a pool's or torchrun's TaskOutcome)."""
+    from harness.scenarios import module as scenario
+
+    results = [r for r in outcome.results if r is not None]
+    metrics = {f"rank{res.rank}.{name}": m for res in results for name, m in res.metrics.items()}
+    status = outcome.status
+    text = attribution_message(outcome.ranks)
+    if status in (Status.PASS, Status.MISMATCH):
+        bad = []
+        for name, m in scenario(case.scenario).judge_across(case, results):
+            metrics[name] = m
+            if not m.ok:
+                bad.append(f"{name}: {m.describe()}")
+        if bad:
+            status = Status.MISMATCH
+            text = "; ".join(filter(None, [text, *bad[:3]]))
+    first = results[0] if results else None
+    return record(case, impl, info, device, backend, status, text, ranks=outcome.ranks, metrics=metrics,
+                  duration_s=round(duration, 4), started_at=started,
+                  impl_version=first.impl_version if first else None, mode=first.mode if first else None,
+                  compare=merge_compare(results))
+
+
+def merge_compare(results: list) -> Optional[dict]:
+    """The ranks' implementation-vs-implementation differences: the largest per tensor over ranks."""
+    parts = [r.compare for r in results if r.compare]
+    if not parts:
+        return None
+    merged = {"with": parts[0]["with"], "max_abs_diff": {}, "error": next((p["error"] for p in parts if p["error"]),
+                                                                          None)}
+    for p in parts:
+        for name, v in p["max_abs_diff"].items():
+            merged["max_abs_diff"][name] = max(v, merged["max_abs_diff"].get(name, 0.0))
+    return merged
+
+
+def _safe_version(impl) -> Optional[str]:
+    try:
+        return impl.version()
+    except Exception:  # noqa: BLE001 - an unreadable version is not a failure of the case
+        return None

@@ -1,0 +1,163 @@
+"""Who is to blame: every rank's outcome of one task, from what the parent observed of it.
+
+The same rules serve the local pool and torchrun. For each rank the caller
+knows one of three things (:class:`Observation`): it answered (its
+:class:`~harness.engine.messages.RankResult`), its process ended without an
+answer (exit code or signal, and its log), or it stayed silent (and a
+faulthandler dump of its Python stacks was taken).
+
+- an answer is that rank's own verdict (``pass``, ``mismatch``, ``error``);
+- a process that ended is a ``crash`` (signal name or exit code);
+- silent ranks, when some rank failed first, are ``peer-failed``: they wait
+  for the failed one (inside a collective, as their dumps show), not blamed;
+- silent ranks at the timeout, with no failure first: ranks stuck outside a
+  torch.distributed call are the ``hang``; the ones in a collective wait for
+  them (``peer-failed``). If every silent rank is in a collective, the ranks
+  that returned are the ones that skipped it (``hang``, "did not enter");
+  if none returned, all are deadlocked (``hang``);
+- an exception raised inside torch.distributed after a sibling crashed is the
+  sibling's doing (``peer-failed``).
+
+The case's status is the worst: crash, then hang, then error, then mismatch;
+a case where only peers failed (their sibling's failure lost) is an error.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from typing import Optional
+
+from harness.engine.messages import RankResult
+from harness.results.records import RankOutcome, RankStatus, Status
+
+# Frames of these files in a stack or traceback mean "inside a collective".
+COLLECTIVE_MARKERS = ("torch/distributed/", "distributed_c10d.py")
+
+
+@dataclass
+class Observation:
+    """What the parent knows of one rank after a task: an answer, a death, or silence."""
+
+    rank: int
+    result: Optional[RankResult] = None
+    exit_code: Optional[int] = None  # the process ended: its exit code (negative: killed by that signal)
+    died: bool = False
+    stack_dump: str = ""  # faulthandler dump of a silent rank, or the log tail of a dead one
+
+
+def signal_name(code: Optional[int]) -> Optional[str]:
+    """``SIGSEGV`` for exit code -11; None for a normal exit."""
+    if code is not None and code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return None
+
+
+def describe_exit(code: Optional[int]) -> str:
+    """``killed by SIGSEGV``, ``exited with code 3``."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by {signal_name(code)}"
+    return f"exited with code {code}"
+
+
+def in_collective(dump: str) -> bool:
+    """Whether the main thread of a faulthandler dump is inside a torch.distributed call."""
+    main = dump.split("Current thread", 1)[1] if "Current thread" in dump else dump
+    main = main.split("\n\n", 1)[0]
+    return any(m in main for m in COLLECTIVE_MARKERS)
+
+
+def attribute(observations: list[Observation], *, failed_first: bool,
+              timeout: float) -> tuple[Status, list[RankOutcome]]:
+    """The case's status and every rank's outcome (see the module docstring)."""
+    outcomes: list[RankOutcome] = []
+    silent = []
+    for ob in sorted(observations, key=lambda o: o.rank):
+        if ob.result is not None:
+            res = ob.result
+            outcomes.append(RankOutcome(rank=ob.rank, status=res.status, exception_type=res.exception_type,
+                                        message=res.message, traceback=res.traceback,
+                                        collectives=res.collectives))
+        elif ob.died:
+            outcomes.append(RankOutcome(rank=ob.rank, status=RankStatus.CRASH, exit_code=ob.exit_code,
+                                        signal=signal_name(ob.exit_code), message=describe_exit(ob.exit_code),
+                                        stack_dump=ob.stack_dump))
+        else:
+            o = RankOutcome(rank=ob.rank, status=RankStatus.HANG, stack_dump=ob.stack_dump,
+                            message=f"no answer within {timeout:g}s")
+            if failed_first or in_collective(ob.stack_dump):
+                o.status = RankStatus.PEER_FAILED
+                o.message = ("waiting in a collective for a rank that failed" if failed_first
+                             else "waiting in a collective its peers did not enter")
+            outcomes.append(o)
+            silent.append(o)
+    timed_out = bool(silent) and not failed_first
+    if timed_out:
+        _blame_hang(outcomes, silent, timeout)
+    if any(o.status is RankStatus.CRASH for o in outcomes):
+        for o in outcomes:
+            if o.status is RankStatus.ERROR and o.traceback and any(m in o.traceback for m in COLLECTIVE_MARKERS):
+                o.status = RankStatus.PEER_FAILED
+                o.message = f"collective failed after a sibling crashed: {o.message}"
+    return overall(outcomes, timed_out), outcomes
+
+
+def _blame_hang(outcomes: list[RankOutcome], silent: list[RankOutcome], timeout: float) -> None:
+    stuck_elsewhere = [o.rank for o in silent if not in_collective(o.stack_dump or "")]
+    if stuck_elsewhere:
+        for o in silent:
+            if o.rank in stuck_elsewhere:
+                o.status, o.message = RankStatus.HANG, f"no answer within {timeout:g}s"
+            else:
+                o.message = f"waiting in a collective for ranks {stuck_elsewhere}"
+        return
+    silent_ranks = sorted(o.rank for o in silent)
+    finished = [o for o in outcomes if o.rank not in silent_ranks]
+    if finished:
+        # Everyone still silent waits in a collective that the finished ranks never entered.
+        for o in finished:
+            o.status = RankStatus.HANG
+            o.message = (f"returned while ranks {silent_ranks} waited {timeout:g}s in a collective this rank "
+                         "did not enter")
+    else:
+        # All ranks are inside collectives (mismatched collectives): none can be singled out.
+        for o in silent:
+            o.status = RankStatus.HANG
+            o.message = f"deadlocked in a collective for {timeout:g}s"
+
+
+def overall(outcomes: list[RankOutcome], timed_out: bool) -> Status:
+    """The case's status from its ranks' (worst first)."""
+    statuses = {o.status for o in outcomes}
+    for rank_status, status in ((RankStatus.CRASH, Status.CRASH), (RankStatus.HANG, Status.HANG),
+                                (RankStatus.ERROR, Status.ERROR)):
+        if rank_status in statuses:
+            return status
+    if timed_out:
+        return Status.HANG
+    if RankStatus.MISMATCH in statuses:
+        return Status.MISMATCH
+    if RankStatus.PEER_FAILED in statuses:
+        return Status.ERROR
+    return Status.PASS
+
+
+def message(outcomes: list[RankOutcome]) -> str:
+    """Who did what, culprits first: ``rank 1: crash (killed by SIGSEGV); ranks [0] peer-failed``."""
+    parts = []
+    for o in outcomes:
+        if o.status in (RankStatus.PASS, RankStatus.PEER_FAILED):
+            continue
+        what = o.message.splitlines()[0] if o.message else ""
+        if o.exception_type:
+            what = f"{o.exception_type}: {what}"
+        parts.append(f"rank {o.rank}: {o.status.value}" + (f" ({what})" if what else ""))
+    peers = [o.rank for o in outcomes if o.status is RankStatus.PEER_FAILED]
+    if peers:
+        parts.append(f"ranks {peers} {RankStatus.PEER_FAILED.value}")
+    return "; ".join(parts)[:2000]

@@ -1,0 +1,280 @@
+"""The parent side of a warm pool: ``world_size`` rank processes over one process group, one task at a time.
+
+The pipe protocol and the rank's loop are in :mod:`harness.engine.rank`.
+
+Rendezvous: the parent hosts a ``TCPStore`` on port 0, so the OS picks a free
+port and two pools (two runs, xdist workers) never collide; ranks join it by
+port and rank number, never through the caller's environment.
+
+One task (:meth:`Pool.run`): the parent sends it to every rank and waits on
+every rank's pipe and process sentinel until all have answered or the
+timeout expires. After a first failure (an exception or a death) the others
+get ``PEER_GRACE_S`` to answer. Ranks still silent then have their Python
+stacks dumped (faulthandler on SIGUSR1, into their logs), and
+:func:`harness.engine.attribution.attribute` decides who is to blame. After
+any failure the pool is torn down (every child killed and reaped): a rank
+left inside a collective cannot take another task. The next task starts a
+fresh pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Optional
+
+from harness.engine.attribution import Observation, attribute, describe_exit
+from harness.engine.messages import RankResult, Task
+from harness.engine.rank import START_TIMEOUT_S, rank_main, timedelta
+from harness.errors import HarnessError
+from harness.results.records import RankOutcome, RankStatus, Status
+
+log = logging.getLogger(__name__)
+
+PEER_GRACE_S = 3.0
+DUMP_WAIT_S = 2.0
+STOP_WAIT_S = 5.0
+LOG_TAIL = 6000
+
+
+class PoolStartError(HarnessError):
+    """No rank could start (exit 3)."""
+
+
+@dataclass
+class TaskOutcome:
+    """What every rank did with one task: the case's status, each rank's outcome, each rank's answer."""
+
+    status: Status
+    ranks: list[RankOutcome]
+    results: list[Optional[RankResult]]  # each rank's answer, None when it gave none
+
+
+class Pool:
+    """``world_size`` rank processes started once; :meth:`run` sends them one task at a time."""
+
+    def __init__(self, world_size: int, *, backend: str = "gloo", device: str = "cpu",
+                 setup_impls: tuple[str, ...] = (), start_timeout: float = START_TIMEOUT_S):
+        self.world_size = world_size
+        self.backend = backend
+        self.device = device
+        self.setup_impls = setup_impls
+        self.start_timeout = start_timeout
+        self.procs: list = []
+        self.conns: list = []
+        self.logdir: Optional[Path] = None
+        self._store = None
+
+    @property
+    def alive(self) -> bool:
+        return bool(self.procs)
+
+    @property
+    def port(self) -> Optional[int]:
+        """The rendezvous port the OS gave this pool (None when stopped)."""
+        return self._store.port if self._store is not None else None
+
+    def start(self) -> None:
+        """Spawn the ranks and wait until every one has joined the process group."""
+        import torch.distributed as dist
+
+        self.close()
+        self.logdir = Path(tempfile.mkdtemp(prefix=f"syncbn-pool-ws{self.world_size}-"))
+        self._store = dist.TCPStore("127.0.0.1", 0, self.world_size + 1, True, wait_for_workers=False,
+                                    timeout=timedelta(self.start_timeout))
+        ctx = mp.get_context("spawn")
+        try:
+            with _children_ignore_sigint():
+                self._spawn(ctx)
+            self._await_ready()
+        except BaseException:
+            self.kill()
+            raise
+
+    def _spawn(self, ctx) -> None:
+        for rank in range(self.world_size):
+            parent_end, child_end = ctx.Pipe(duplex=True)
+            proc = ctx.Process(
+                target=rank_main,
+                args=(rank, self.world_size, self._store.port, child_end, str(self.logdir / f"rank{rank}.log"),
+                      os.getpid(), self.backend, self.device, self.setup_impls),
+                name=f"syncbn-rank{rank}", daemon=True)
+            proc.start()
+            child_end.close()
+            self.procs.append(proc)
+            self.conns.append(parent_end)
+
+    def _await_ready(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        pending = set(range(self.world_size))
+        while pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PoolStartError(f"ranks {sorted(pending)} did not join the process group within "
+                                     f"{self.start_timeout:.0f}s; see {self.logdir}")
+            for r in self._ready(pending, remaining):
+                msg = self._recv(r)
+                if msg is None:
+                    raise PoolStartError(f"rank {r} died while starting ({describe_exit(self.procs[r].exitcode)}):"
+                                         f"\n{self.log_tail(r)}")
+                if msg.get("op") == "failed":
+                    raise PoolStartError(f"rank {r} could not start: {msg.get('message')}\n{msg.get('traceback', '')}")
+                pending.discard(r)
+
+    def close(self) -> None:
+        """Stop every rank: politely, then SIGKILL; reap them all."""
+        for conn in self.conns:
+            try:
+                conn.send({"op": "stop"})
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + STOP_WAIT_S
+        for proc in self.procs:
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.kill()
+
+    def kill(self) -> None:
+        """Tear down at once (after a failure, or on Ctrl-C): SIGKILL every rank still alive, reap all."""
+        for proc in self.procs:
+            if proc.is_alive():
+                proc.kill()
+        for proc in self.procs:
+            proc.join(timeout=STOP_WAIT_S)
+        for conn in self.conns:
+            conn.close()
+        self.procs, self.conns = [], []
+        self._store = None
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs]
+
+    # ------------------------------------------------------------------ one task
+
+    def run(self, task: Task, timeout: float) -> TaskOutcome:
+        """Send ``task`` to every rank and attribute what each did (see the module docstring)."""
+        if not self.alive:
+            self.start()
+        for conn in self.conns:
+            try:
+                conn.send({"op": "run", "task": task.to_dict()})
+            except OSError:
+                pass  # the rank is dead; its sentinel says so below
+        n = self.world_size
+        observations = {r: Observation(rank=r) for r in range(n)}
+        pending = set(range(n))
+        deadline = time.monotonic() + timeout
+        first_failure: Optional[float] = None
+        while pending:
+            limit = deadline if first_failure is None else min(deadline, first_failure + PEER_GRACE_S)
+            remaining = limit - time.monotonic()
+            if remaining <= 0:
+                break
+            for r in self._ready(pending, remaining):
+                msg = self._recv(r)
+                ob = observations[r]
+                if msg is None:  # the process is gone
+                    self.procs[r].join(timeout=STOP_WAIT_S)
+                    ob.died, ob.exit_code, ob.stack_dump = True, self.procs[r].exitcode, self.log_tail(r)
+                    first_failure = first_failure or time.monotonic()
+                else:
+                    ob.result = RankResult.from_dict(msg.get("result", {"rank": r}))
+                    if ob.result.status is RankStatus.ERROR:
+                        first_failure = first_failure or time.monotonic()
+                pending.discard(r)
+        for r in sorted(pending):
+            observations[r].stack_dump = self.dump_stack(r)
+        status, outcomes = attribute(list(observations.values()), failed_first=first_failure is not None,
+                                     timeout=timeout)
+        if status in (Status.ERROR, Status.CRASH, Status.HANG) or any(
+                o.status in (RankStatus.ERROR, RankStatus.CRASH, RankStatus.PEER_FAILED) for o in outcomes):
+            self.kill()  # a rank may be inside a collective: no task can follow on this process group
+        return TaskOutcome(status=status, ranks=outcomes, results=[observations[r].result for r in range(n)])
+
+    # ------------------------------------------------------------------ helpers
+
+    def _ready(self, ranks: set[int], timeout: float) -> list[int]:
+        """Ranks among ``ranks`` whose pipe has a message or whose process ended, within ``timeout``."""
+        by_conn = {id(self.conns[r]): r for r in ranks}
+        by_sentinel = {self.procs[r].sentinel: r for r in ranks}
+        ready = wait([self.conns[r] for r in ranks] + list(by_sentinel), timeout=timeout)
+        out = {by_sentinel[obj] if isinstance(obj, int) else by_conn[id(obj)] for obj in ready}
+        return sorted(out)
+
+    def _recv(self, r: int) -> Optional[dict]:
+        conn = self.conns[r]
+        try:
+            if conn.poll(0):
+                return conn.recv()
+        except (EOFError, OSError):
+            return None
+        if not self.procs[r].is_alive():
+            return None
+        # The sentinel fired but the pipe is empty: the process is exiting.
+        self.procs[r].join(timeout=STOP_WAIT_S)
+        return None
+
+    def dump_stack(self, r: int) -> str:
+        """Ask rank ``r`` for its Python stacks (faulthandler) and return what it wrote."""
+        proc = self.procs[r]
+        path = self.logdir / f"rank{r}.log"
+        before = path.stat().st_size if path.exists() else 0
+        if not proc.is_alive():
+            return self.log_tail(r)
+        try:
+            os.kill(proc.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            return self.log_tail(r)
+        deadline = time.monotonic() + DUMP_WAIT_S
+        text = ""
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            text = read_from(path, before)
+            if "most recent call first" in text:
+                time.sleep(0.2)  # let faulthandler finish writing every thread
+                text = read_from(path, before)
+                break
+        return text[-LOG_TAIL:]
+
+    def log_tail(self, r: int, limit: int = LOG_TAIL) -> str:
+        if self.logdir is None:
+            return ""
+        return read_from(self.logdir / f"rank{r}.log", 0)[-limit:]
+
+
+@contextlib.contextmanager
+def _children_ignore_sigint():
+    """Ranks are born ignoring SIGINT (an ignored signal stays ignored across exec): a terminal's Ctrl-C goes to
+    the whole process group, and the parent, not each rank, handles it, even while a rank is still starting."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def read_from(path: Path, offset: int) -> str:
+    """The text of ``path`` from byte ``offset`` ('' if it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

@@ -1,0 +1,187 @@
+"""The rank side: a rank process's loop, the state it keeps between tasks, and what it does with one task.
+
+Protocol with the parent (:mod:`harness.engine.pool`), one duplex pipe per
+rank, plain dicts only:
+
+    rank -> parent  {"op": "ready"}                     once its process group is up
+                    {"op": "failed", "message", "traceback"}   if it could not start
+    parent -> rank  {"op": "run", "task": Task.to_dict()}
+    rank -> parent  {"op": "result", "result": RankResult.to_dict()}
+    parent -> rank  {"op": "stop"}                      leave cleanly
+
+A rank joins the process group over the parent's ``TCPStore`` (by port, with
+its rank given explicitly): nothing of the caller's rendezvous environment
+reaches it. Everything it prints, Python or C++, goes to its log file, which
+the parent reads for crash reports; faulthandler writes a crash's traceback
+there and dumps every thread's stack there on SIGUSR1 (how the parent asks a
+silent rank where it is). A rank ignores SIGINT (the parent handles Ctrl-C)
+and dies with its parent (PR_SET_PDEATHSIG, and a thread polling the parent
+id), so a SIGKILLed harness leaves no rank behind.
+
+:func:`run_task` is the same under torchrun (:mod:`harness.engine.torchrun`):
+every rank regenerates the case's inputs from its seed and computes the
+float64 oracle itself, so nothing but names and numbers crosses processes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import signal
+import time
+import traceback
+
+from harness.catalog.case import Case
+from harness.engine.messages import RankResult, Task
+from harness.impls.registry import resolve
+from harness.results.records import RankStatus
+from harness.scenarios import module as scenario_named
+
+START_TIMEOUT_S = 180.0  # spawn + import torch + init_process_group (+ a kernel build on first use)
+PARENT_POLL_S = 0.5
+
+
+class RankContext:
+    """Per-process state kept between tasks: adapters already set up, subgroups already made."""
+
+    def __init__(self, rank: int, world_size: int):
+        self.rank = rank
+        self.world_size = world_size
+        self._impls: dict = {}
+        self._groups: dict[tuple, list] = {}
+
+    def impl(self, key: str, device: str):
+        """The adapter named ``key``, set up for this process once."""
+        if key not in self._impls:
+            impl = resolve(key)
+            impl.setup_rank(device)
+            self._impls[key] = impl
+        return self._impls[key]
+
+    def process_group(self, case):
+        """The process group of this rank for ``case`` (None: the default group)."""
+        if not case.groups:
+            return None
+        import torch.distributed as dist
+
+        key = tuple(tuple(g) for g in case.groups)
+        if key not in self._groups:
+            # new_group is collective over the whole world: every rank creates every group, in order.
+            self._groups[key] = [dist.new_group(list(g)) for g in key]
+        for ranks, pg in zip(key, self._groups[key]):
+            if self.rank in ranks:
+                return pg
+        raise ValueError(f"rank {self.rank} is in no group of {key}")
+
+
+def scenario_module(case):
+    """The module that runs ``case`` on a rank (see :mod:`harness.scenarios`)."""
+    return scenario_named(case.scenario)
+
+
+def run_task(ctx: RankContext, task: Task, scenario=None) -> RankResult:
+    """Run one (case, impl) on this rank and judge it; never raises (an exception becomes an ``error``).
+
+    ``scenario``: the module that runs the case (default: the one the case names).
+    """
+    t0 = time.perf_counter()
+    result = RankResult(rank=ctx.rank)
+    try:
+        case = Case.from_dict(task.case)
+        impl = ctx.impl(task.impl, task.device)
+        result.impl_version = impl.version()
+        result.mode = impl.mode
+        (scenario or scenario_module(case)).run_rank(ctx, case, impl, task.device, result, task.compare)
+        bad = [(name, m) for name, m in result.metrics.items() if not m.ok]
+        result.status = RankStatus.MISMATCH if bad else RankStatus.PASS
+        result.message = "; ".join(f"{name}: {m.describe()}" for name, m in bad[:4]) + (
+            f" (+{len(bad) - 4} more)" if len(bad) > 4 else "")
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a rank reports every failure as data
+        result.status = RankStatus.ERROR
+        result.exception_type = type(exc).__name__
+        result.message = str(exc)[:2000]
+        result.traceback = traceback.format_exc()[-8000:]
+    result.duration_s = time.perf_counter() - t0
+    return result
+
+
+# ---------------------------------------------------------------------- the rank process
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when the parent dies: prctl where available, and a polling thread."""
+    import ctypes
+    import threading
+
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(70)
+
+    def watch():
+        while True:
+            if os.getppid() != parent_pid:
+                os._exit(70)
+            time.sleep(PARENT_POLL_S)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def timedelta(seconds: float) -> datetime.timedelta:
+    return datetime.timedelta(seconds=seconds)
+
+
+def rank_main(rank: int, world_size: int, port: int, conn, log_path: str, parent_pid: int, backend: str,
+              device: str, setup_impls: tuple) -> None:
+    """Entry point of a pool's rank process (spawned): join, prepare, then serve tasks until told to stop."""
+    from harness.engine import RENDEZVOUS_ENV
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent_pid)
+    for var in RENDEZVOUS_ENV:
+        os.environ.pop(var, None)
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    import faulthandler
+    import sys
+
+    logfile = open(log_path, "a", buffering=1)
+    sys.stdout = sys.stderr = logfile
+    faulthandler.enable(file=logfile, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=logfile, all_threads=True)
+    logging.basicConfig(level=logging.INFO, stream=logfile,
+                        format=f"%(asctime)s rank{rank} %(name)s %(levelname)s %(message)s")
+    try:
+        import torch.distributed as dist
+
+        store = dist.TCPStore("127.0.0.1", port, world_size + 1, False, timeout=timedelta(START_TIMEOUT_S))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                timeout=timedelta(START_TIMEOUT_S))
+        ctx = RankContext(rank, world_size)
+        for key in setup_impls:
+            ctx.impl(key, device)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent as data
+        conn.send({"op": "failed", "message": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+        os._exit(1)
+    conn.send({"op": "ready"})
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break
+        if msg.get("op") == "stop":
+            break
+        if msg.get("op") == "run":
+            conn.send({"op": "result", "result": run_task(ctx, Task.from_dict(msg["task"])).to_dict()})
+    try:
+        dist.destroy_process_group()
+    finally:
+        logfile.flush()
+        os._exit(0)

@@ -1,0 +1,172 @@
+"""Run a selection: (case x implementation) through warm pools, one record each.
+
+:func:`run_selection` is the plain function behind ``run``, ``check``,
+``gate`` and ``repro``; :class:`Session` is what it and the pytest plugin of
+``cases/`` use to run one (case, impl) at a time. Records are yielded as
+cases finish, so callers can store and print them one by one. Cases are
+grouped by world size; the pool of a world size starts when first needed and
+is closed when its cases are done, or killed on any exception (Ctrl-C and
+SIGTERM included), so no rank outlives the run.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Optional
+
+from harness.buildinfo import BuildInfo, build_info
+from harness.engine import assemble
+from harness.engine.messages import Task
+from harness.engine.pool import Pool
+from harness.errors import ImplUnavailable, UsageError
+from harness.results.records import Record, Status
+from harness.selection import DEFAULT_TIMEOUT_S
+
+
+@dataclass
+class RunOptions:
+    """How to run: device, backend, the per-case time limit, and an optional comparison."""
+
+    device: str = "cpu"
+    backend: Optional[str] = None
+    timeout: float = DEFAULT_TIMEOUT_S
+    # (A, B): A's records also say how A differs from B on the same inputs (``--compare A,B``).
+    compare: Optional[tuple[str, str]] = None
+
+    @property
+    def resolved_backend(self) -> str:
+        return self.backend or ("nccl" if self.device == "cuda" else "gloo")
+
+
+def resolve_impls(names: Iterable[str]) -> list:
+    """Adapters for ``names``; a plugin that cannot be imported is an error, not a skip."""
+    from harness.impls import builtin_names, resolve
+
+    impls = []
+    for name in names:
+        impl = resolve(name)
+        if name not in builtin_names():
+            impl.check_available()  # raises ImplUnavailable naming the module and the exception
+        impls.append(impl)
+    if len({i.name for i in impls}) != len(impls):
+        raise UsageError(f"an implementation is selected twice: {[i.name for i in impls]}")
+    return impls
+
+
+class Session:
+    """Warm pools kept across calls (one per world size), for running (case, impl) one at a time.
+
+    Implementations that cannot run here are found once, at the start: their
+    records are ``skipped`` with the reason (:attr:`unavailable`).
+    """
+
+    def __init__(self, impls: list, opts: RunOptions, info: Optional[BuildInfo] = None):
+        self.opts = opts
+        self.info = info or build_info()
+        self.impls = impls
+        self.unavailable: dict[str, str] = {}
+        for impl in impls:
+            try:
+                impl.check_available_on(opts.device)
+            except ImplUnavailable as exc:
+                self.unavailable[impl.name] = str(exc)
+        if opts.device == "cuda" and not self.info.cuda_available:
+            for impl in impls:
+                self.unavailable.setdefault(impl.name, "no CUDA device on this machine")
+        self._setup = tuple(i.key for i in impls if i.name not in self.unavailable)
+        self.pools: dict[int, Pool] = {}
+
+    def _record(self, case, impl, status: Status, reason: str) -> Record:
+        return assemble.not_run(case, impl, self.info, self.opts.device, self.opts.resolved_backend, status, reason)
+
+    def run_one(self, case, impl) -> Record:
+        """The record of one (case, impl): skipped, unsupported, or run in the warm pool of its world size."""
+        opts = self.opts
+        if impl.name in self.unavailable:
+            return self._record(case, impl, Status.SKIPPED, self.unavailable[impl.name])
+        reason = impl.unsupported_reason(case, opts.device)
+        if reason:
+            return self._record(case, impl, Status.UNSUPPORTED, reason)
+        pool = self.pools.get(case.world_size)
+        if pool is None:
+            pool = self.pools[case.world_size] = Pool(case.world_size, backend=opts.resolved_backend,
+                                                      device=opts.device, setup_impls=self._setup)
+        started, t0 = assemble.now(), time.perf_counter()
+        compare = opts.compare[1] if opts.compare and impl.name == opts.compare[0] else None
+        outcome = pool.run(Task(case=case.to_dict(), impl=impl.key, device=opts.device, compare=compare),
+                           timeout=opts.timeout)
+        return assemble.from_outcome(case, impl, self.info, opts.device, opts.resolved_backend, outcome, started,
+                                     time.perf_counter() - t0)
+
+    def close(self, world_size: Optional[int] = None, *, kill: bool = False) -> None:
+        """Stop the pool of one world size (or all): politely, or at once with ``kill``."""
+        for ws in [world_size] if world_size is not None else list(self.pools):
+            pool = self.pools.pop(ws, None)
+            if pool is None:
+                continue
+            if kill:
+                pool.kill()
+            else:
+                pool.close()
+
+
+def run_selection(cases: list, impls: list, opts: RunOptions, info: Optional[BuildInfo] = None,
+                  pairs: Optional[set[tuple[str, str]]] = None) -> Iterator[Record]:
+    """Yield one record per (case, impl), running what can run in warm pools (one world size at a time).
+
+    ``pairs``: only these (case id, impl name) pairs (``--resume`` runs what the store lacks).
+    """
+    session = Session(impls, opts, info)
+    by_ws: dict[int, list] = {}
+    for case in cases:
+        by_ws.setdefault(case.world_size, []).append(case)
+    try:
+        for ws in sorted(by_ws):
+            for case in by_ws[ws]:
+                for impl in impls:
+                    if pairs is None or (case.id, impl.name) in pairs:
+                        yield session.run_one(case, impl)
+            session.close(ws)
+    except BaseException:
+        # Ctrl-C, SIGTERM, a closed generator or a bug: ranks may be busy or stuck, do not wait for them.
+        session.close(kill=True)
+        raise
+
+
+def execute_run(cases: list, impls: list, opts: RunOptions, *, store_dir, resume: bool = False,
+                on_record: Optional[Callable[[Record], None]] = None,
+                on_abort: Optional[Callable[[list[Record]], None]] = None) -> tuple[list[Record], bool]:
+    """``run``: records of the selection, each appended to the store as it finishes.
+
+    Locally, this process drives warm pools. Under torchrun it is one rank;
+    only the writing rank gets records and stores them (the second value says
+    whether this process is the writer). ``on_abort`` is called with every
+    record so far when a torchrun job must end early (a rank stuck in a
+    collective); the process then exits 1.
+    """
+    from harness.engine import torchrun
+    from harness.results.store import Store, build_key, completed
+
+    store = Store(store_dir) if store_dir else None
+    info = build_info()
+
+    def emit(rec: Record) -> None:
+        if store is not None:
+            store.append(rec)
+        if on_record:
+            on_record(rec)
+
+    if torchrun.under_torchrun():
+        job = torchrun.Job(cases, impls, opts, info)
+        return job.run(emit, on_abort or (lambda records: None)), job.is_writer
+    pairs = None
+    if resume and store is not None:
+        key = build_key(info.torch_version, info.torch_git_version, opts.device, opts.resolved_backend)
+        done = completed(store.read(key) if key in store.builds() else [])
+        pairs = {(c.id, i.name) for c in cases for i in impls if (c.id, i.name) not in done}
+    out = []
+    for rec in run_selection(cases, impls, opts, info, pairs=pairs):
+        emit(rec)
+        out.append(rec)
+    return out, True

@@ -1,0 +1,128 @@
+"""What every implementation adapter is: :class:`Impl` and the :class:`Capabilities` it declares.
+
+Protocol: an adapter is a small class that says what it supports
+(:class:`Capabilities`), checks that it can run here (``check_available``
+raises :class:`~harness.errors.ImplUnavailable` with the reason), prepares a
+rank process once (``setup_rank``), builds one module per rank (``build``),
+converts a whole model (``convert``) and calls the module (``forward``).
+Anything the adapter does not support is reported ``unsupported`` with the
+reason from :meth:`Impl.unsupported_reason`, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from typing import Optional
+
+from harness.catalog.case import Case
+from harness.errors import ImplUnavailable
+
+
+def construct_like_syncbn(factory, case: Case, process_group):
+    """One module from a class or factory with ``torch.nn.SyncBatchNorm``'s constructor, for ``case``.
+
+    The signature: ``(num_features, eps=1e-5, momentum=0.1, affine=True,
+    track_running_stats=True, process_group=None)``, keywords after the first.
+    """
+    return factory(case.channels, eps=case.eps, momentum=case.momentum, affine=case.affine,
+                   track_running_stats=case.track_running_stats, process_group=process_group)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an implementation declares it can run; anything else is ``unsupported``."""
+
+    devices: frozenset = frozenset({"cpu", "cuda"})
+    dtypes: frozenset = frozenset({"float16", "bfloat16", "float32", "float64"})
+    param_dtypes: frozenset = frozenset({"float16", "bfloat16", "float32", "float64"})
+    memory_formats: frozenset = frozenset({"contiguous", "channels_last", "channels_last_3d"})
+    ndims: frozenset = frozenset({2, 3, 4, 5})
+    subgroups: bool = True
+    momentum_none: bool = True
+    affine_off: bool = True
+    no_running_stats: bool = True
+    empty_ranks: bool = True
+    mixed_dtypes: bool = True  # input dtype differing from parameter dtype
+    convert: bool = False  # conversion of a whole model (convert_sync_batchnorm or similar)
+
+    def to_dict(self) -> dict:
+        return {k: sorted(v) if isinstance(v, frozenset) else v for k, v in self.__dict__.items()}
+
+
+class Impl(abc.ABC):
+    """Base adapter. Subclasses set ``name``, ``capabilities`` and implement ``build``."""
+
+    name: str = ""
+    mode: Optional[str] = None
+    capabilities: Capabilities = Capabilities()
+
+    @property
+    def key(self) -> str:
+        """What :func:`resolve` takes to rebuild this adapter in another process."""
+        return self.name
+
+    def version(self) -> Optional[str]:
+        return None
+
+    def check_available(self) -> None:  # noqa: B027 - available unless an adapter says otherwise
+        """Raise :class:`harness.errors.ImplUnavailable` with the reason if this cannot run here."""
+
+    def check_available_on(self, device: str) -> None:
+        """Like :meth:`check_available`, for one device (an adapter may need more on some devices)."""
+        self.check_available()
+
+    def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
+        """Why this implementation cannot run ``case`` on ``device``, or None."""
+        cap = self.capabilities
+        checks = [
+            (device in cap.devices, f"device {device} (supports {', '.join(sorted(cap.devices))})"),
+            (case.dtype in cap.dtypes, f"input dtype {case.dtype}"),
+            (case.param_dtype in cap.param_dtypes, f"parameter dtype {case.param_dtype}"),
+            (cap.mixed_dtypes or case.dtype == case.param_dtype,
+             f"input dtype {case.dtype} with parameters in {case.param_dtype}"),
+            (case.memory_format in cap.memory_formats, f"memory format {case.memory_format}"),
+            (case.ndim in cap.ndims, f"{case.ndim}-D input"),
+            (cap.subgroups or not case.groups, "process subgroups"),
+            (cap.momentum_none or case.momentum is not None, "momentum=None"),
+            (cap.affine_off or case.affine, "affine=False"),
+            (cap.no_running_stats or case.track_running_stats, "track_running_stats=False"),
+            (cap.empty_ranks or min(case.batch_sizes) > 0, "an empty batch on a rank"),
+            (cap.convert or not case.model, "conversion of a whole model"),
+        ]
+        missing = [what for ok, what in checks if not ok]
+        if missing:
+            return f"{self.name} does not support " + "; ".join(missing)
+        return None
+
+    def setup_rank(self, device: str) -> None:  # noqa: B027 - most adapters need no preparation
+        """Prepare a rank process once, before its first case (e.g. load kernels)."""
+
+    @abc.abstractmethod
+    def build(self, case: Case, process_group, device: str):
+        """Return one ``nn.Module`` for this rank, with ``torch.nn.SyncBatchNorm``'s semantics."""
+
+    def convert(self, model, process_group):
+        """Convert every BatchNorm of ``model`` to this implementation (``convert_sync_batchnorm``)."""
+        raise ImplUnavailable(f"{self.name} has no model conversion (its capabilities say convert=False)")
+
+    def forward(self, module, input):
+        """Call the module (adapters may wrap the call, e.g. in a context)."""
+        return module(input)
+
+    def describe(self) -> dict:
+        """Name, mode, version, availability and capabilities, for ``list impls``."""
+        try:
+            self.check_available()
+            state, reason = "available", None
+        except Exception as exc:  # noqa: BLE001 - any failure to load is the reason it is unavailable
+            state, reason = "unavailable", str(exc)
+        return {"name": self.name, "state": state, "reason": reason, "mode": self.mode,
+                "version": _safe(self.version), **self.capabilities.to_dict()}
+
+
+def _safe(fn):
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 - a version we cannot read is reported as unknown
+        return None

@@ -1,0 +1,229 @@
+"""CPU emulation of ``torch.nn.SyncBatchNorm``: torch's own Python code over our CPU kernels.
+
+Upstream refuses CPU input, and the five ATen ops its autograd Function calls
+have CUDA kernels only. In rank processes (never in the parent), :func:`install`
+registers the reference extension's ops as the CPU kernels of exactly those
+ATen ops, through ``torch.library``, so that torch's module and Function run on
+CPU over gloo.
+
+What is torch's (under test): ``torch.nn.SyncBatchNorm.forward`` (input
+checks, num_batches_tracked, the momentum or cumulative factor, the decision
+to synchronize, process group and world size) and
+``torch.nn.modules._functions.SyncBatchNorm`` (channels-last handling, each
+rank's count, the zero row of an empty rank, the all_gather of (mean, invstd,
+count), dropping empty ranks, the cast of counts to the running statistics'
+dtype, what is saved for backward, the backward all_reduce of (sum_dy,
+sum_dy_xmu), the int32 count tensor, the weight cast), and gloo itself.
+
+What is ours: the arithmetic of the five ATen ops (kernels/cpu), written to
+the CUDA kernels' contract: statistics in float for half/bfloat16 input,
+outputs in the input dtype and memory format. So a defect in CUDA arithmetic
+is not visible here, and a difference in our arithmetic is ours.
+
+The module's device check: releases whose check consults
+``torch._C._get_privateuse1_backend_name()`` run the unmodified module, with
+that lookup answered ``"cpu"`` only for the duration of the forward call
+(:func:`privateuse1_answers_cpu`): the "module" path. Releases whose check
+reads ``input.is_cuda`` get :class:`FunctionDriven`, which repeats the
+module's bookkeeping and calls torch's autograd Function directly: the
+"function" path. ``SYNCBN_HARNESS_TORCH_PATH=module|function`` forces one.
+Seen: torch 2.13 and 2.1 take the module path, 1.13 the function path; both
+paths run on 2.13. Torch's Function also asks
+``torch.cuda.is_current_stream_capturing()`` (a CUDA build without a driver
+raises there, torch 1.13); with no CUDA device it is answered ``False`` in
+rank processes, the answer a GPU outside graph capture gives.
+
+A build that cannot be emulated (no ``torch.library.Library``, an ATen op
+missing, reference kernels that do not build for it) is reported by
+:func:`unavailable_reason`, and :func:`install` raises
+:class:`~harness.errors.ImplUnavailable` with that reason rather than failing
+inside torch.
+
+Op schemas are read from the installed build, not assumed: arguments are
+matched by name, an ``int[]`` counts argument becomes a tensor, and releases
+whose ``batch_norm_backward_elemt`` has no ``count`` argument get per-rank
+means from ``batch_norm_backward_reduce`` (their contract then) instead of sums.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+from typing import Optional
+
+import torch
+
+from harness.kernels import extension
+from harness.errors import ImplUnavailable, KernelBuildError
+
+OPS = ("batch_norm_stats", "batch_norm_gather_stats_with_counts", "batch_norm_elemt",
+       "batch_norm_backward_reduce", "batch_norm_backward_elemt")
+_library = None
+
+
+def installed_schema(op: str):
+    """The installed build's schema of ``aten::<op>`` (its default overload)."""
+    schemas = torch._C._jit_get_schemas_for_operator(f"aten::{op}")
+    for s in schemas:
+        if s.overload_name == "":
+            return s
+    raise RuntimeError(f"this torch build has no aten::{op}; cannot emulate SyncBatchNorm on CPU")
+
+
+def arg_names(op: str) -> list[str]:
+    """Argument names of the installed ``aten::<op>``, in order."""
+    return [a.name for a in installed_schema(op).arguments]
+
+
+def backward_takes_counts() -> bool:
+    """Whether backward_elemt divides by the global count itself (sums), or takes means."""
+    return "count" in arg_names("batch_norm_backward_elemt")
+
+
+def _kernel(op: str):
+    names = arg_names(op)
+    ours = getattr(torch.ops.syncbn_ref, op)
+    sums = backward_takes_counts()
+
+    def call(*args, **kwargs):
+        a = dict(zip(names, args))
+        a.update(kwargs)
+        if op == "batch_norm_gather_stats_with_counts":
+            counts = a["counts"]
+            if not isinstance(counts, torch.Tensor):
+                counts = torch.tensor(list(counts), dtype=a["mean"].dtype)
+            return ours(a["input"], a["mean"], a["invstd"], a["running_mean"], a["running_var"], a["momentum"],
+                        a["eps"], counts)
+        if op == "batch_norm_backward_reduce":
+            out = ours(a["grad_out"], a["input"], a["mean"], a["invstd"], a.get("weight"), a["input_g"],
+                       a["weight_g"], a["bias_g"])
+            if sums or not a["input_g"]:
+                return out
+            n = max(a["input"].numel() // a["input"].shape[1], 1)
+            return (out[0] / n, out[1] / n, out[2], out[3])
+        if op == "batch_norm_backward_elemt":
+            s = a.get("sum_dy", a.get("mean_dy"))
+            sx = a.get("sum_dy_xmu", a.get("mean_dy_xmu"))
+            count = a["count"] if sums else torch.ones(1, dtype=torch.int32)
+            return ours(a["grad_out"], a["input"], a["mean"], a["invstd"], a.get("weight"), s, sx, count)
+        if op == "batch_norm_elemt":
+            return ours(a["input"], a.get("weight"), a.get("bias"), a["mean"], a["invstd"], a.get("eps", 0.0))
+        return ours(a["input"], a["eps"])
+
+    call.__name__ = f"syncbn_ref_cpu_{op}"
+    return call
+
+
+def unavailable_reason() -> Optional[str]:
+    """Why the CPU emulation cannot run with this torch build (None if it can), naming the fix.
+
+    Checks what :func:`install` needs: ``torch.library.Library`` with ``IMPL``
+    registrations, the five ATen ops in the installed build, and the reference
+    extension (built here for this torch build if needed; a failed build is the reason).
+    """
+    if not hasattr(torch, "library") or not hasattr(torch.library, "Library"):
+        return (f"torch {torch.__version__} has no torch.library.Library, needed to register CPU kernels "
+                "for the five ATen ops: use torch >= 1.13, or run the torch impl on --device cuda")
+    for op in OPS:
+        try:
+            installed_schema(op)
+        except RuntimeError as exc:
+            return str(exc)
+    try:
+        extension.load()
+    except KernelBuildError as exc:
+        return f"the reference kernels do not build for torch {torch.__version__}: {exc}"
+    return None
+
+
+def install() -> None:
+    """Register the reference kernels as the CPU kernels of the five ATen ops (once per process).
+
+    Only ever called in rank processes. Raises :class:`ImplUnavailable` with the
+    reason if this build cannot be emulated (see :func:`unavailable_reason`).
+    Where no CUDA device is usable (always, when emulating), torch's
+    ``torch.cuda.is_current_stream_capturing()`` is answered ``False`` in this
+    process: torch's Function asks it before dropping empty ranks' rows, and
+    CUDA builds without a driver (torch < 2) raise there instead.
+    """
+    global _library
+    if _library is not None:
+        return
+    reason = unavailable_reason()
+    if reason:
+        raise ImplUnavailable(f"torch cpu-emulation unavailable: {reason}")
+    lib = torch.library.Library("aten", "IMPL")
+    for op in OPS:
+        lib.impl(op, _kernel(op), "CPU")
+    if not torch.cuda.is_available():
+        _not_capturing()
+    _library = lib  # the registrations live as long as this object
+
+
+def _not_capturing() -> None:
+    """``torch.cuda.is_current_stream_capturing()`` answers ``False`` (no CUDA stream exists here)."""
+    def is_current_stream_capturing() -> bool:
+        return False
+
+    torch.cuda.is_current_stream_capturing = is_current_stream_capturing
+    graphs = getattr(torch.cuda, "graphs", None)
+    if graphs is not None and hasattr(graphs, "is_current_stream_capturing"):
+        graphs.is_current_stream_capturing = is_current_stream_capturing
+
+
+def device_check_path() -> str:
+    """``"module"`` if the unmodified module can be run on CPU here, else ``"function"``."""
+    forced = os.environ.get("SYNCBN_HARNESS_TORCH_PATH")
+    if forced in ("module", "function"):
+        return forced
+    try:
+        src = inspect.getsource(torch.nn.SyncBatchNorm.forward)
+    except (OSError, TypeError):
+        return "function"
+    return "module" if "_get_privateuse1_backend_name" in src else "function"
+
+
+@contextlib.contextmanager
+def privateuse1_answers_cpu():
+    """For the duration of the block, torch's privateuse1 backend name lookup answers ``"cpu"``."""
+    original = torch._C._get_privateuse1_backend_name
+    torch._C._get_privateuse1_backend_name = lambda: "cpu"
+    try:
+        yield
+    finally:
+        torch._C._get_privateuse1_backend_name = original
+
+
+class FunctionDriven(torch.nn.SyncBatchNorm):
+    """torch's SyncBatchNorm whose forward repeats the module's bookkeeping and calls torch's Function.
+
+    Used only on releases whose device check reads ``input.is_cuda``: everything
+    below the check (the Function, its forward and backward) is torch's code.
+    """
+
+    def forward(self, input):
+        import torch.distributed as dist
+        import torch.nn.functional as F
+        from torch.nn.modules._functions import SyncBatchNorm as SyncBNFunction
+
+        self._check_input_dim(input)
+        if hasattr(self, "_check_non_zero_input_channels"):
+            self._check_non_zero_input_channels(input)
+        factor = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            self.num_batches_tracked.add_(1)
+            factor = 1.0 / self.num_batches_tracked.item() if self.momentum is None else self.momentum
+        bn_training = self.training or (self.running_mean is None and self.running_var is None)
+        running_mean = self.running_mean if not self.training or self.track_running_stats else None
+        running_var = self.running_var if not self.training or self.track_running_stats else None
+        need_sync = bn_training and self.training and dist.is_available() and dist.is_initialized()
+        if need_sync:
+            group = self.process_group or dist.group.WORLD
+            world_size = dist.get_world_size(group)
+            need_sync = world_size > 1
+        if not need_sync:
+            return F.batch_norm(input, running_mean, running_var, self.weight, self.bias, bn_training, factor,
+                                self.eps)
+        return SyncBNFunction.apply(input, self.weight, self.bias, running_mean, running_var, self.eps, factor,
+                                    group, world_size)

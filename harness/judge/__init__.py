@@ -1,0 +1,6 @@
+"""Judgement: the float64 truth, the tolerances, and one implementation's tensors against them.
+
+- :mod:`~harness.judge.oracle`: batch normalization over the global batch, exactly, in float64;
+- :mod:`~harness.judge.compare`: the tolerance policy (in one place) and the comparison of every tensor;
+- :mod:`~harness.judge.metric`: what a comparison says of one tensor (plain data, no torch).
+"""

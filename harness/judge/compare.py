@@ -1,0 +1,257 @@
+"""Judgement: one implementation's tensors against the float64 oracle.
+
+The tolerance policy lives here and only here; every tolerance leaves this
+module final (already multiplied by the safety factor ``K``), and
+:func:`compare_tensor` applies it as given.
+
+Notation (per channel, from the oracle): mean mu, 1/std ``invstd``, weight w,
+bias b, xhat = (x - mu) * invstd, N the group's element count per channel,
+n this rank's. Unit roundoffs: ``u_in`` of the input dtype, ``u_p`` of the
+parameter dtype, ``u_a`` of the accumulation (float32, or float64 when input
+and parameters are float64: SyncBN implementations accumulate statistics in
+at least float32, as the ATen contract does for half input).
+
+A reduction of N terms in floating point has error growing like sqrt(N)
+(random rounding) and at worst like N; a correct implementation may use any
+order, pairwise, Welford or a two-level merge, so the budget is
+``gamma(N) = 2 * sqrt(N) + 2`` unit roundoffs, times a safety factor
+``K = 8``. Statistics carry an extra factor ``(1 + invstd * |mu|)``: a stable
+algorithm's variance is exact up to rounding of the mean, whose error is
+relative to |mu|, not to the spread. Defects are not small: a wrong merge
+weight, a biased variance or a dropped rank changes results by percent, which
+these budgets leave far behind (the harness's tests check both sides: correct
+results accumulated in float64 and in float32 pass, planted defects fail).
+
+Per tensor (elementwise absolute tolerance):
+- output:      u_in (|y| + |w| |xhat| + |b|) + u_a gamma(N) |w| (1 + |xhat|) (1 + invstd |mu|)
+- grad_input:  with D = |dy| + mean|dy| + |xhat| mean|dy xhat|,
+               (u_in + u_a gamma(N) (1 + invstd |mu|)) |w| invstd D  + u_in |dx|
+- grad_weight: (u_in + u_a (gamma(n) + gamma(N)) (1 + invstd |mu|)) sum|dy xhat|
+               + u_a gamma(N) (1 + invstd |mu|) sum|dy| + u_p |gw|
+  (the second term is the error of xhat itself, u_a gamma(N) (1 + invstd |mu|)
+  per element, which does not vanish where the oracle's xhat does: a constant
+  channel's float32 mean is off by a rounding, and invstd is 1/sqrt(eps))
+- grad_bias:   (u_in + u_a gamma(n)) sum|dy| + u_p |gb|
+- running_mean after t updates: u_p t (|rm| + |mu|) + u_a gamma(N) f (|mu| + std)
+- running_var  after t updates: u_p t (|rv| + var) + 2 u_a gamma(N) f (var + eps) (1 + invstd |mu|)
+  (f is the momentum factor; variance is recovered from 1/std by subtracting
+  eps in torch's algorithm, hence the eps term)
+- eval outputs add the running statistics' own budget, carried through the
+  normalization.
+- num_batches_tracked: exact.
+Every tolerance is multiplied by K (here, once). NaN or Inf where the oracle is finite is a
+mismatch, as is a wrong dtype, shape or output memory format.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+from harness.catalog.case import DTYPES, MEMORY_FORMATS, Case
+from harness.judge.metric import Metric
+
+K = 8.0
+UNIT_ROUNDOFF = {
+    torch.float16: 2.0**-11,
+    torch.bfloat16: 2.0**-8,
+    torch.float32: 2.0**-24,
+    torch.float64: 2.0**-53,
+}
+TINY = 1e-300
+
+
+def gamma(n: int) -> float:
+    """Rounding-error growth of a reduction over ``n`` terms, in unit roundoffs."""
+    return 2.0 * math.sqrt(max(n, 1)) + 2.0
+
+
+def compare_tensor(got: Optional[torch.Tensor], true: torch.Tensor, tol: torch.Tensor, *,
+                   dtype: Optional[torch.dtype] = None,
+                   memory_format: Optional[torch.memory_format] = None) -> Metric:
+    """Compare ``got`` with the float64 ``true`` elementwise against the final tolerance ``tol``."""
+    if got is None:
+        got = torch.zeros_like(true)  # a missing gradient is a gradient of zeros
+    elif dtype is not None and got.dtype != dtype:
+        return Metric.failure(f"dtype {got.dtype}, expected {dtype}")
+    if tuple(got.shape) != tuple(true.shape):
+        return Metric.failure(f"shape {tuple(got.shape)}, expected {tuple(true.shape)}")
+    if memory_format is not None and got.dim() in (4, 5) and got.numel() > 0 \
+            and not got.is_contiguous(memory_format=memory_format):
+        return Metric.failure(f"output not in {memory_format}")
+    g = got.detach().to(torch.float64).cpu()
+    t = true.to(torch.float64)
+    tol = torch.broadcast_to(tol.to(torch.float64), t.shape)
+    if t.numel() == 0:
+        return Metric(0.0, 0.0, 0.0, 0.0)
+    finite = torch.isfinite(t)
+    bad = finite & ~torch.isfinite(g)
+    if bool(bad.any()):
+        return Metric(math.inf, math.inf, 0.0, math.inf, f"{int(bad.sum())} non-finite values where the oracle "
+                                                           "is finite")
+    err = torch.where(finite, (g - t).abs(), torch.zeros_like(t))
+    rel = err / t.abs().clamp_min(TINY)
+    ratio = err / tol.clamp_min(TINY)
+    ratio = torch.where(err == 0, torch.zeros_like(ratio), ratio)
+    worst = int(ratio.reshape(-1).argmax())
+    return Metric(float(err.max()), float(rel.max()), float(tol.reshape(-1)[worst]), float(ratio.reshape(-1)[worst]))
+
+
+def _chan(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return v.view(1, -1, *([1] * (like.dim() - 2)))
+
+
+def _dims(x: torch.Tensor) -> list[int]:
+    return [0] + list(range(2, x.dim()))
+
+
+class Budget:
+    """The tolerances of one case (see the module docstring); every method returns a final tolerance (x K)."""
+
+    def __init__(self, case: Case):
+        self.case = case
+        self.dtype = DTYPES[case.dtype]
+        self.pdtype = DTYPES[case.param_dtype]
+        self.u_in = UNIT_ROUNDOFF[self.dtype]
+        self.u_p = UNIT_ROUNDOFF[self.pdtype]
+        both64 = self.dtype == torch.float64 and self.pdtype == torch.float64
+        self.u_a = UNIT_ROUNDOFF[torch.float64 if both64 else torch.float32]
+
+    @staticmethod
+    def stats_factor(mean: torch.Tensor, invstd: torch.Tensor) -> torch.Tensor:
+        """``1 + invstd |mu|``: statistics are exact up to rounding relative to the mean, not the spread."""
+        return 1.0 + invstd * mean.abs()
+
+    def grad_weight_share(self, x, dy, mu, invstd, g_N: float) -> torch.Tensor:
+        """Unscaled budget of one rank's grad_weight share (without the parameter dtype's rounding)."""
+        if not x.numel():
+            return torch.zeros_like(mu)
+        sf = self.stats_factor(mu, invstd)
+        n = x.numel() // x.shape[1]
+        xhat = (x - _chan(mu, x)) * _chan(invstd, x)
+        return ((self.u_in + self.u_a * (gamma(n) + g_N) * sf) * (dy * xhat).abs().sum(dim=_dims(x))
+                + self.u_a * g_N * sf * dy.abs().sum(dim=_dims(x)))
+
+    def grad_bias_share(self, x, dy) -> torch.Tensor:
+        """Unscaled budget of one rank's grad_bias share (without the parameter dtype's rounding)."""
+        if not x.numel():
+            return torch.zeros(x.shape[1], dtype=torch.float64)
+        n = x.numel() // x.shape[1]
+        return (self.u_in + self.u_a * gamma(n)) * dy.abs().sum(dim=_dims(x))
+
+
+def judge_rank(case: Case, rank: int, data, truths, observed: list[dict]) -> list[tuple[str, Metric]]:
+    """Compare rank ``rank``'s observed tensors of every step with the oracle.
+
+    ``observed[s]`` holds ``output``, ``grad_input``, ``grad_weight``,
+    ``grad_bias``, ``running_mean``, ``running_var``, ``num_batches_tracked``
+    (tensors or None) after step ``s``.
+    """
+    b = Budget(case)
+    fmt = MEMORY_FORMATS[case.memory_format]
+    out: list[tuple[str, Metric]] = []
+    w = data.weight.double() if case.affine else torch.ones(case.channels, dtype=torch.float64)
+    bias = data.bias.double() if case.affine else torch.zeros(case.channels, dtype=torch.float64)
+    train_steps = 0
+    rm_tol = rv_tol = None  # unscaled running-statistics budgets, carried across steps
+    for s, (truth, obs) in enumerate(zip(truths, observed)):
+        x = data.inputs[s][rank].double()
+        dy = data.grad_outputs[s][rank].double()
+        mu, invstd, N = truth.mean[rank], truth.invstd[rank], truth.count[rank]
+        train = truth.kind == "train"
+        sf = b.stats_factor(mu, invstd)
+        g_N = gamma(N) if train else 1.0
+        xhat = (x - _chan(mu, x)) * _chan(invstd, x)
+        y = truth.output[rank]
+        tol_y = (b.u_in * (y.abs() + _chan(w.abs(), x) * xhat.abs() + _chan(bias.abs(), x))
+                 + b.u_a * g_N * _chan(w.abs() * sf, x) * (1 + xhat.abs()))
+        if not train and rm_tol is not None:
+            # Eval normalizes with the implementation's running statistics: carry their budget.
+            tol_y = tol_y + _chan(w.abs() * invstd * (rm_tol + 0.5 * rv_tol * invstd), x) * (1 + xhat.abs())
+        tag = f"step{s}.{truth.kind}"
+        out.append((f"{tag}.output", compare_tensor(obs["output"], y, K * tol_y, dtype=b.dtype, memory_format=fmt)))
+        if x.numel():
+            # Means over the group (the normalization's N), taken from this rank's share as an estimate.
+            mean_abs_dy = dy.abs().mean(dim=_dims(x))
+            mean_abs_dyx = (dy * xhat).abs().mean(dim=_dims(x))
+        else:
+            mean_abs_dy = mean_abs_dyx = torch.zeros(case.channels, dtype=torch.float64)
+        D = dy.abs() + _chan(mean_abs_dy, x) + xhat.abs() * _chan(mean_abs_dyx, x)
+        tol_dx = ((b.u_in + b.u_a * g_N * _chan(sf, x)) * _chan(w.abs() * invstd, x) * D
+                  + b.u_in * truth.grad_input[rank].abs())
+        if not train and rm_tol is not None:
+            tol_dx = tol_dx + _chan(w.abs() * 0.5 * rv_tol * invstd ** 3, x) * dy.abs()
+        out.append((f"{tag}.grad_input", compare_tensor(obs["grad_input"], truth.grad_input[rank], K * tol_dx,
+                                                         dtype=b.dtype)))
+        if case.affine:
+            tol_gw = b.grad_weight_share(x, dy, mu, invstd, g_N) + b.u_p * truth.grad_weight[rank].abs()
+            tol_gb = b.grad_bias_share(x, dy) + b.u_p * truth.grad_bias[rank].abs()
+            out.append((f"{tag}.grad_weight", compare_tensor(obs["grad_weight"], truth.grad_weight[rank], K * tol_gw,
+                                                              dtype=b.pdtype)))
+            out.append((f"{tag}.grad_bias", compare_tensor(obs["grad_bias"], truth.grad_bias[rank], K * tol_gb,
+                                                            dtype=b.pdtype)))
+        if case.track_running_stats:
+            if train:
+                train_steps += 1
+            f = (1.0 / train_steps if case.momentum is None else case.momentum) if train_steps else 0.0
+            rm_true, rv_true = truth.running_mean[rank], truth.running_var[rank]
+            var = 1.0 / (invstd * invstd) - case.eps if train else rv_true
+            std = var.clamp_min(0).sqrt()
+            step_rm = b.u_p * max(train_steps, 1) * (rm_true.abs() + (mu.abs() if train else 0))
+            step_rv = b.u_p * max(train_steps, 1) * (rv_true.abs() + (var.abs() if train else 0))
+            if train:
+                step_rm = step_rm + b.u_a * g_N * f * (mu.abs() + std)
+                step_rv = step_rv + 2 * b.u_a * g_N * f * (var.abs() + case.eps) * sf
+            # Budgets of earlier steps decay by (1 - f) but never vanish; keep them.
+            rm_tol = step_rm if rm_tol is None else torch.maximum(rm_tol, step_rm)
+            rv_tol = step_rv if rv_tol is None else torch.maximum(rv_tol, step_rv)
+            out.append((f"{tag}.running_mean", compare_tensor(obs["running_mean"], rm_true, K * rm_tol,
+                                                               dtype=b.pdtype)))
+            out.append((f"{tag}.running_var", compare_tensor(obs["running_var"], rv_true, K * rv_tol,
+                                                              dtype=b.pdtype)))
+            got_nbt = obs.get("num_batches_tracked")
+            want = truth.num_batches_tracked[rank]
+            if got_nbt != want:
+                out.append((f"{tag}.num_batches_tracked",
+                            Metric.failure(f"num_batches_tracked {got_nbt}, expected {want}")))
+    return out
+
+
+def sum_tolerance(case: Case, data, truths, step: int, which: str) -> torch.Tensor:
+    """Final tolerance of the sum over ranks of grad_weight or grad_bias at ``step`` (per channel)."""
+    b = Budget(case)
+    total = torch.zeros(case.channels, dtype=torch.float64)
+    truth = truths[step]
+    g_N = None
+    for r in range(case.world_size):
+        x = data.inputs[step][r].double()
+        dy = data.grad_outputs[step][r].double()
+        g_N = gamma(truth.count[r]) if truth.kind == "train" else 1.0
+        if which == "grad_weight":
+            total += b.grad_weight_share(x, dy, truth.mean[r], truth.invstd[r], g_N)
+        else:
+            total += b.grad_bias_share(x, dy)
+    true_sum = truth.grad_weight_sum if which == "grad_weight" else truth.grad_bias_sum
+    return K * (total + b.u_p * case.world_size * true_sum.abs())
+
+
+def judge_sums(sum_truth: dict, shares: list[dict]) -> list[tuple[str, Metric]]:
+    """Compare the sum over ranks of the grad_weight/grad_bias shares with the oracle's sum.
+
+    ``sum_truth``: ``{step: {which: {"true": [...], "tol": [...]}}}`` (final
+    tolerances, from :func:`sum_tolerance`); ``shares``: one
+    ``{step: {which: [...]}}`` per rank.
+    """
+    out = []
+    for step, truth in sum_truth.items():
+        for which, t in truth.items():
+            parts = [s[step][which] for s in shares if step in s]
+            if len(parts) != len(shares):
+                continue
+            got = torch.tensor(parts, dtype=torch.float64).sum(0)
+            m = compare_tensor(got, torch.tensor(t["true"], dtype=torch.float64),
+                               torch.tensor(t["tol"], dtype=torch.float64))
+            out.append((f"step{step}.{which}_sum", m))
+    return out

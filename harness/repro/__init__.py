@@ -1,0 +1,301 @@
+"""``repro``: one standalone Python file that reproduces one (case, implementation).
+
+The file is made from the harness's own source text, so it can never drift
+from what the harness checks. :data:`PARTS` lists what it copies, in order:
+whole modules (the case's data, the float64 oracle, the tolerances, the
+scenario's rank code) and named top-level functions and classes of others
+(with every top-level name they use, found with ``ast``), then
+:mod:`harness.repro.standalone` (the launcher, itself a real module), then
+the file's configuration. Top-level ``harness`` imports are dropped: the
+names they bring are defined in the file. Nothing is written as a template:
+each line of code in a repro file is a line of an importable, tested module.
+
+The implementation is loaded as the harness loads it:
+- ``MODULE:ATTR`` plugins (and named entry points, by their target) are
+  imported by name; the folder the module was found in at generation time is
+  a fallback on ``sys.path``;
+- ``torch``: ``torch.nn.SyncBatchNorm``. It refuses CPU input, and the
+  harness's CPU mode registers its own C++ kernels in the ranks, which a
+  standalone file cannot do, so the file targets CUDA (nccl) by default and
+  ``--device cpu`` is refused;
+- ``apex``: ``apex.parallel.SyncBatchNorm``, called through the apex adapter's
+  own functions (channels-last input handed over as its NHWC view);
+- ``reference``: the harness's own SyncBN needs the harness's kernels, so that
+  file imports the harness (said so in its header): the one case where it is
+  not standalone.
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import importlib
+import importlib.util
+import inspect
+import json
+import shlex
+from pathlib import Path
+from typing import Optional
+
+from harness.catalog.case import Case
+from harness.errors import UsageError
+
+# (module, None: all of it | names: just these and what they use), in the order the file defines them.
+PARTS = (
+    ("harness.judge.metric", None),
+    ("harness.results.records", ("RankStatus",)),
+    ("harness.catalog.case", None),
+    ("harness.judge.oracle", None),
+    ("harness.judge.compare", None),
+    ("harness.engine.messages", None),
+    ("harness.engine.rank", ("RankContext", "run_task")),
+    ("harness.impls.base", ("construct_like_syncbn",)),
+    ("harness.impls.apex", ("construct_apex", "convert_apex", "apex_forward")),
+)
+LAUNCHER = "harness.repro.standalone"
+KINDS = ("plugin", "torch", "apex", "reference")
+
+
+def _defined(node: ast.stmt) -> set[str]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    return set()
+
+
+def _closure(nodes: list[ast.stmt], roots: tuple[str, ...]) -> set[int]:
+    """Indices of ``nodes`` that ``roots`` need: the roots and every top-level name they use, transitively."""
+    wanted, keep = set(roots), set()
+    changed = True
+    while changed:
+        changed = False
+        for i, node in enumerate(nodes):
+            if i in keep or not (_defined(node) & wanted):
+                continue
+            keep.add(i)
+            wanted |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            changed = True
+    return keep
+
+
+def _segments(module_name: str, only: Optional[tuple[str, ...]] = None) -> tuple[list[str], list[str]]:
+    """(imports, code blocks) of a harness module, without its docstring and harness imports.
+
+    ``only``: keep just these top-level names and what they use (transitively).
+    """
+    mod = importlib.import_module(module_name)
+    src = inspect.getsource(mod)
+    lines = src.splitlines()
+    tree = ast.parse(src)
+    keep = _closure(tree.body, only) if only is not None else None
+    imports, blocks = [], []
+    for i, node in enumerate(tree.body):
+        if i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # the module docstring
+        if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names]
+            base = node.module if isinstance(node, ast.ImportFrom) else names[0]
+            if base.split(".")[0] == "harness":
+                if isinstance(node, ast.ImportFrom) and node.module == "harness":
+                    imports += [_constant(a.name, a.asname, module_name) for a in node.names]
+                continue
+            imports.append(ast.get_source_segment(src, node))
+            continue
+        if keep is not None and i not in keep:
+            continue
+        start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        blocks.append("\n".join(lines[start - 1:node.end_lineno]))
+    return imports, blocks
+
+
+def _constant(name: str, asname: Optional[str], where: str) -> str:
+    """``from harness import NAME`` in copied code: a literal NAME (a version number) is written out."""
+    import harness
+
+    value = getattr(harness, name)
+    if not isinstance(value, (int, str)):
+        raise RuntimeError(f"{where}: `from harness import {name}` cannot be copied into a repro file; import the "
+                           "names it uses from their modules (`from harness.x.y import name`)")
+    return f"{asname or name} = {value!r}"
+
+
+def harness_source(case: Case) -> str:
+    """The copied code: imports first (deduplicated), then every part, then the launcher."""
+    imports: list[str] = []
+    blocks: list[str] = []
+    parts = list(PARTS[:6]) + [(f"harness.scenarios.{case.scenario}", None)] + list(PARTS[6:]) + [(LAUNCHER, None)]
+    for module_name, only in parts:
+        imp, blk = _segments(module_name, only)
+        path = module_name.replace(".", "/") + ".py"
+        what = f"{path}, verbatim" if only is None else f"{path}: {', '.join(only)} and what they use, verbatim"
+        blocks.append(f"# ---- {what} " + "-" * max(0, 70 - len(what)))
+        blocks += blk
+        for line in imp:
+            if line not in imports:
+                imports.append(line)
+    code = "\n".join(imports) + "\n\n\n" + "\n\n\n".join(blocks) + "\n"
+    _check_unique_names(code)
+    return code
+
+
+def _check_unique_names(code: str) -> None:
+    seen: set[str] = set()
+    for node in ast.parse(code).body:
+        names = [node.name] if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else []
+        for n in names:
+            if n in seen:
+                raise RuntimeError(f"repro: two harness modules define {n!r}; the standalone file needs one name")
+            seen.add(n)
+
+
+def _plugin_location(module: str) -> Optional[str]:
+    """The folder to put on ``sys.path`` for ``module`` (where it was found now), or None."""
+    top = module.split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin or spec.origin in ("built-in", "frozen"):
+        return None
+    origin = Path(spec.origin)
+    return str(origin.parent.parent if spec.submodule_search_locations else origin.parent)
+
+
+def resolve_impl(name: str) -> dict:
+    """How the file loads ``name``: its kind and, for plugins, module, attribute and where it was found."""
+    from harness.impls import builtin_names, known_names
+    from harness.impls.registry import entry_points
+
+    if name in builtin_names():
+        if name not in KINDS:
+            raise UsageError(f"repro does not know how to load built-in {name!r}: choose one of "
+                             f"{', '.join(k for k in KINDS if k != 'plugin')}, or MODULE:ATTR")
+        return {"kind": name, "module": None, "attr": None, "found_in": None}
+    eps = entry_points()
+    target = eps[name].value if name in eps else name
+    module, sep, attr = target.partition(":")
+    if not sep or not module or not attr:
+        raise UsageError(f"unknown impl {name!r}: choose one of {', '.join(known_names())}, or MODULE:ATTR")
+    return {"kind": "plugin", "module": module, "attr": attr, "found_in": _plugin_location(module)}
+
+
+def find_case(case_id: str) -> Case:
+    """The one case ``case_id`` names (an ID, or a pattern matching exactly one ID)."""
+    from harness import catalog
+
+    matches = catalog.select([case_id], exhaustive=True)
+    exact = [c for c in matches if c.id == case_id]
+    if exact:
+        return exact[0]
+    if len(matches) != 1:
+        shown = ", ".join(c.id for c in matches[:5]) + (" ..." if len(matches) > 5 else "")
+        raise UsageError(f"case {case_id!r} matches {len(matches)} cases ({shown}): give one case ID")
+    return matches[0]
+
+
+def observe(case: Case, impl_name: str, device: str, timeout: float = 300.0):
+    """Run the case once with the harness and return its record (what the header reports)."""
+    from harness.engine.session import RunOptions, resolve_impls, run_selection
+
+    return next(iter(run_selection([case], resolve_impls([impl_name]), RunOptions(device=device, timeout=timeout))))
+
+
+def header(case: Case, impl_name: str, device: str, impl: dict, record, command: str) -> str:
+    """The comment block: what was observed, on which build, and the command that found it."""
+    from harness import __version__
+    from harness.buildinfo import build_info
+
+    info = build_info()
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    sel = f"--impl {shlex.quote(impl_name)} --case {shlex.quote(case.id)}"
+    out = [f"Reproduction of SyncBatchNorm case {case.id} for {impl_name}.",
+           f"Written by syncbn-harness {__version__} on {now} ({command}).", ""]
+    if record is not None:
+        mode = f", mode {record.mode}" if record.mode else ""
+        out += [f"Observed: {record.status.value}" + (f": {record.message}" if record.message else ""),
+                f"  on torch {record.torch_version} (git {record.torch_git_version}), CUDA {record.cuda_version}, "
+                f"device {record.device}, backend {record.backend}{mode}, {impl_name} {record.impl_version or ''}",
+                f"  host {record.host}, {record.started_at}.",
+                f"Found with: syncbn-harness check {sel} --device {record.device}"]
+    else:
+        out += [f"Not run before writing; the harness build here: torch {info.torch_version} "
+                f"(git {info.torch_git_version}).", f"Check with: syncbn-harness check {sel}"]
+    out += ["", f"Case parameters: {json.dumps(case.params())}",
+            "Inputs are regenerated from the seed; the oracle is batch normalization over the global batch in",
+            "float64; tolerances are the harness's (dtype unit roundoff, reduction size; see compare below).",
+            f"Runs on {device} ({'nccl' if device == 'cuda' else 'gloo'}): python FILE, or "
+            f"torchrun --nproc-per-node={case.world_size} FILE.",
+            "Exit 0: agrees with the oracle. Exit 1: the disagreement is printed. Exit 2: cannot run here."]
+    if impl["kind"] == "torch":
+        out += ["NOTE: the harness observed this on CPU in its cpu-emulation mode (torch's SyncBatchNorm module and",
+                "autograd Function over the harness's CPU kernels for the five batch_norm_* ops, registered in its",
+                "rank processes). A standalone file cannot register those kernels, so this file runs torch's",
+                "SyncBatchNorm on CUDA with nccl, where a defect in torch's Python code reproduces as it is;",
+                "a difference in the kernels' arithmetic would be the harness's."]
+    if impl["kind"] == "reference":
+        out += ["NOTE: NOT standalone: the reference SyncBN needs the harness (harness.reference) and its C++",
+                "kernels (built on first use); install syncbn-harness to run it."]
+    if impl["kind"] == "plugin":
+        out += [f"The implementation is imported by name: {impl['module']}:{impl['attr']} (found in "
+                f"{impl['found_in']} when written; that folder is a fallback on sys.path)."]
+    return "\n".join("# " + ln if ln else "#" for ln in out)
+
+
+def configuration(case: Case, impl_name: str, impl: dict, device: str, timeout: float) -> str:
+    """The file's settings, assigned after the launcher's defaults."""
+    values = {"CASE": None, "IMPL_NAME": impl_name, "KIND": impl["kind"], "DEVICE": device,
+              "BACKEND": "nccl" if device == "cuda" else "gloo", "TIMEOUT_S": timeout, "PLUGIN_MODULE": impl["module"],
+              "PLUGIN_ATTR": impl["attr"], "FOUND_IN": impl["found_in"], "EMBEDDED": True}
+    lines = ["# ---- this reproduction " + "-" * 58,
+             f"CASE = Case.from_dict(json.loads({json.dumps(case.to_dict())!r}))"]
+    lines += [f"{k} = {v!r}" for k, v in values.items() if k != "CASE"]
+    return "\n".join(lines) + "\n"
+
+
+def repro_source(case: Case, impl_name: str, *, device: str, record=None, command: str = "",
+                 filename: str = "repro.py", timeout: float = 300.0) -> str:
+    """The text of the standalone file (see the module docstring)."""
+    impl = resolve_impl(impl_name)
+    text = "\n".join([
+        "#!/usr/bin/env python3",
+        header(case, impl_name, device, impl, record, command),
+        f'"""Standalone reproduction of {case.id} for {impl_name}; run: python {filename} (or under torchrun)."""',
+        "from __future__ import annotations",
+        "",
+        harness_source(case),
+        "",
+        configuration(case, impl_name, impl, device, timeout),
+        "",
+        'if __name__ == "__main__":',
+        "    sys.exit(main())",
+        ""])
+    compile(text, filename, "exec")
+    return text
+
+
+def write_repro(case_id: str, impl_name: str, *, output: Optional[str] = None, device: Optional[str] = None,
+                run_first: bool = True, timeout: float = 300.0, command: str = "") -> tuple[Path, object]:
+    """Write the repro of ``case_id`` for ``impl_name``; return its path and the observed record (or None)."""
+    from harness.selection import default_device
+
+    case = find_case(case_id)
+    impl = resolve_impl(impl_name)
+    if impl["kind"] == "torch" and device == "cpu":
+        raise UsageError("--impl torch --device cpu cannot be standalone: torch.nn.SyncBatchNorm refuses CPU "
+                         "input and the harness's cpu-emulation registers its own C++ kernels; use --device cuda "
+                         "(the default for torch)")
+    file_device = device or ("cuda" if impl["kind"] == "torch" else default_device())
+    record = None
+    if run_first:
+        record = observe(case, impl_name, default_device() if impl["kind"] == "torch" else file_device, timeout)
+    safe = case.id.replace("/", "_")
+    path = Path(output or f"repro_{safe}_{impl_name.replace(':', '_').replace('.', '_')}.py").expanduser()
+    text = repro_source(case, impl_name, device=file_device, record=record, command=command, filename=path.name,
+                        timeout=timeout)
+    path.write_text(text)
+    path.chmod(0o755)
+    return path, record

@@ -1,0 +1,105 @@
+"""Known issues: a data file (``known_issues.toml`` beside the case catalog) of upstream defects.
+
+Protocol: :func:`annotate` sets ``record.known_issue`` (a
+:class:`~harness.results.records.KnownIssueMatch`) when an entry matches the
+record's implementation, case ID (shell-style patterns) and torch version (a
+PEP 440 specifier):
+- the record has the entry's expected status: ``matched``; the failure is
+  expected and does not fail ``run``/``check``/``gate``;
+- the record passes: ``now_passes``; reported so the entry can be retired;
+- any other status: neither; a different failure is a real one.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Optional
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from harness.errors import UsageError
+from harness.results.records import KnownIssueMatch, Record, Status
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python < 3.11 only
+    import tomli as tomllib
+
+REQUIRED = ("impl", "cases", "torch", "status", "link")
+
+
+@dataclass(frozen=True)
+class KnownIssue:
+    """One entry of the known-issues file: which (impl, cases, torch versions) fail how, and where it is tracked."""
+
+    impl: str
+    cases: tuple[str, ...]
+    torch: SpecifierSet
+    status: tuple[str, ...]
+    link: str
+    note: str = ""
+
+    def covers(self, impl: str, case: str, version: Version) -> bool:
+        return (self.impl == impl and any(fnmatch.fnmatchcase(case, p) for p in self.cases)
+                and self.torch.contains(version, prereleases=True))
+
+
+def default_path() -> Path:
+    from harness import cases
+
+    return Path(cases.__file__).with_name("known_issues.toml")
+
+
+@lru_cache(maxsize=8)
+def load(path: Optional[str] = None) -> tuple[KnownIssue, ...]:
+    """The entries of a known-issues file, validated (a bad entry is a usage error naming it)."""
+    p = Path(path) if path else default_path()
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"known-issues file {p} cannot be read: {exc}") from None
+    entries = []
+    for i, e in enumerate(data.get("issue", [])):
+        missing = [k for k in REQUIRED if k not in e]
+        if missing:
+            raise UsageError(f"{p}: issue #{i + 1} lacks {', '.join(missing)} (needs {', '.join(REQUIRED)})")
+        try:
+            spec = SpecifierSet(e["torch"])
+        except InvalidSpecifier:
+            raise UsageError(f"{p}: issue #{i + 1} torch = {e['torch']!r} is not a version specifier "
+                             "(e.g. '>=1.12,<2.15')") from None
+        statuses = e["status"] if isinstance(e["status"], list) else [e["status"]]
+        for s in statuses:
+            try:
+                Status(s)
+            except ValueError:
+                raise UsageError(f"{p}: issue #{i + 1} status {s!r} is not one of "
+                                 f"{', '.join(x.value for x in Status)}") from None
+        patterns = e["cases"] if isinstance(e["cases"], list) else [e["cases"]]
+        entries.append(KnownIssue(impl=e["impl"], cases=tuple(patterns), torch=spec, status=tuple(statuses),
+                                  link=e["link"], note=" ".join(str(e.get("note", "")).split())))
+    return tuple(entries)
+
+
+def match(impl: str, case: str, torch_version: str, path: Optional[str] = None) -> Optional[KnownIssue]:
+    """The first entry for (impl, case, torch version), or None."""
+    try:
+        version = Version(torch_version)
+    except InvalidVersion:
+        return None
+    return next((e for e in load(path) if e.covers(impl, case, version)), None)
+
+
+def annotate(record: Record, path: Optional[str] = None) -> Record:
+    """Set ``record.known_issue`` from the known-issues file (see the module docstring)."""
+    e = match(record.impl, record.case, record.torch_version, path)
+    if e is not None:
+        record.known_issue = KnownIssueMatch(link=e.link, expected=e.status, note=e.note,
+                                             matched=record.status.value in e.status,
+                                             now_passes=record.status == Status.PASS)
+    return record

@@ -1,0 +1,192 @@
+"""Results as data: statuses, per-rank outcomes, known-issue matches, records and the exit code.
+
+A :class:`Record` is the result of one (case, implementation) on one build. It
+round-trips through ``to_dict``/``from_dict`` (JSON-safe) and carries
+``schema_version`` so stores can refuse newer formats and migrate older ones.
+Every field that has a closed set of values is typed: :class:`Status` for a
+record, :class:`RankStatus` for one rank, :class:`~harness.judge.metric.Metric`
+per compared tensor, :class:`KnownIssueMatch` for the known-issues file's say.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field, fields
+from typing import Iterable, Optional
+
+from harness import SCHEMA_VERSION
+from harness.judge.metric import Metric, worst_ratio
+
+
+class Status(str, enum.Enum):
+    """Outcome of one (case, impl); :data:`FAILURES` make ``run`` exit 1 unless they are known issues."""
+
+    PASS = "pass"
+    MISMATCH = "mismatch"
+    ERROR = "error"
+    CRASH = "crash"
+    HANG = "hang"
+    UNSUPPORTED = "unsupported"
+    SKIPPED = "skipped"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+FAILURES = frozenset({Status.MISMATCH, Status.ERROR, Status.CRASH, Status.HANG})
+# Nothing ran: the implementation cannot run the case here, or says it does not support it.
+NOT_RUN = frozenset({Status.SKIPPED, Status.UNSUPPORTED})
+
+
+class RankStatus(str, enum.Enum):
+    """What one rank did during a case. ``PEER_FAILED``: stopped because a sibling failed, not blamed."""
+
+    PASS = "pass"
+    MISMATCH = "mismatch"
+    ERROR = "error"
+    CRASH = "crash"
+    HANG = "hang"
+    PEER_FAILED = "peer-failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass
+class RankOutcome:
+    """What one rank did during a case: its status and the evidence (exception, signal, stack dump)."""
+
+    rank: int
+    status: RankStatus
+    exit_code: Optional[int] = None
+    signal: Optional[str] = None  # e.g. "SIGSEGV"
+    exception_type: Optional[str] = None
+    message: str = ""
+    traceback: Optional[str] = None
+    stack_dump: Optional[str] = None  # faulthandler dump of a hung or crashed rank
+    collectives: Optional[list] = None  # the collectives this rank issued, in order (plain dicts)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RankOutcome":
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["status"] = RankStatus(kw["status"])
+        return cls(**kw)
+
+    def line(self) -> str:
+        """``rank 1: crash SIGSEGV exited ...``: one line for JUnit details and terminals."""
+        return f"rank {self.rank}: {self.status.value} {self.exception_type or ''} {self.message}".strip()
+
+
+@dataclass(frozen=True)
+class KnownIssueMatch:
+    """What the known-issues file says of a record.
+
+    ``matched``: the record has the entry's expected failure status (expected;
+    it fails nothing). ``now_passes``: the record passes although the entry
+    expects a failure (the entry may be retired). Otherwise the record fails in
+    another way than the entry expects, which is a real failure.
+    """
+
+    link: str
+    expected: tuple[str, ...]
+    note: str = ""
+    matched: bool = False
+    now_passes: bool = False
+
+    def to_dict(self) -> dict:
+        return {"link": self.link, "expected": list(self.expected), "note": self.note, "matched": self.matched,
+                "now_passes": self.now_passes}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KnownIssueMatch":
+        return cls(link=d.get("link", ""), expected=tuple(d.get("expected", ())), note=d.get("note", ""),
+                   matched=bool(d.get("matched")), now_passes=bool(d.get("now_passes")))
+
+
+@dataclass
+class Record:
+    """One (case, impl) result on one build."""
+
+    case: str
+    family: str
+    params: dict
+    impl: str
+    status: Status
+    message: str = ""
+    impl_version: Optional[str] = None
+    mode: Optional[str] = None
+    ranks: list[RankOutcome] = field(default_factory=list)
+    metrics: dict[str, Metric] = field(default_factory=dict)
+    torch_version: str = ""
+    torch_git_version: str = ""
+    cuda_version: Optional[str] = None
+    device: str = "cpu"
+    backend: str = "gloo"
+    world_size: int = 0
+    duration_s: float = 0.0
+    started_at: str = ""
+    host: str = ""
+    known_issue: Optional[KnownIssueMatch] = None
+    compare: Optional[dict] = None  # differences with another implementation on the same inputs
+    diagnosis: Optional[str] = None  # what a second, debug-enabled run of a crash or hang said
+    compile: Optional[dict] = None  # torch.compile metrics per rank (graphs, breaks, recompiles)
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["status"] = self.status.value
+        d["ranks"] = [r.to_dict() for r in self.ranks]
+        d["metrics"] = {name: m.to_dict() for name, m in self.metrics.items()}
+        d["known_issue"] = self.known_issue.to_dict() if self.known_issue else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Record":
+        names = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        kw["status"] = Status(kw["status"])
+        kw["ranks"] = [RankOutcome.from_dict(r) for r in kw.get("ranks") or []]
+        kw["metrics"] = {name: Metric.from_dict(m) for name, m in (kw.get("metrics") or {}).items()}
+        if kw.get("known_issue"):
+            kw["known_issue"] = KnownIssueMatch.from_dict(kw["known_issue"])
+        return cls(**kw)
+
+    @property
+    def known(self) -> bool:
+        """A failure the known-issues file expects."""
+        return bool(self.known_issue and self.known_issue.matched)
+
+    @property
+    def failed(self) -> bool:
+        """A failure that is not an expected known issue."""
+        return self.status in FAILURES and not self.known
+
+    @property
+    def ran(self) -> bool:
+        """Whether the case ran at all (not skipped or unsupported)."""
+        return self.status not in NOT_RUN
+
+    @property
+    def worst_ratio(self) -> Optional[float]:
+        """The largest error/tolerance ratio among the compared tensors (None if none was compared)."""
+        return worst_ratio(self.metrics.values())
+
+    @property
+    def label(self) -> str:
+        """The status as shown to people: ``crash (known)`` for an expected upstream defect."""
+        if self.known:
+            return f"{self.status.value} (known)"
+        if self.known_issue and self.known_issue.now_passes:
+            return "pass (known issue fixed?)"
+        return self.status.value
+
+
+def exit_code(records: Iterable[Record]) -> int:
+    """``run``'s exit code over its records: 1 on any unexpected failure, else 0."""
+    return 1 if any(r.failed for r in records) else 0

@@ -1,0 +1,84 @@
+// What the CPU and CUDA kernels of the syncbn_ref ops share: the view of a tensor as
+// [outer][C][inner], the accumulation dtype, and the argument checks callers can get wrong.
+//
+// Both backends include this header, so a check and its message are written once: a caller
+// error reads the same (and is a TORCH_CHECK, a c10::Error in Python) whichever device runs.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace syncbn_ref {
+namespace common {
+
+// A dense tensor of N, C and spatial dims seen as [outer][C][inner]:
+//   contiguous:         outer = N,          inner = prod(spatial)
+//   channels_last(_3d): outer = N*spatial,  inner = 1
+struct View {
+  int64_t outer;
+  int64_t channels;
+  int64_t inner;
+};
+
+inline at::MemoryFormat format_of(const at::Tensor& t) {
+  return t.suggest_memory_format();
+}
+
+inline View view_of(const at::Tensor& x, at::MemoryFormat fmt) {
+  TORCH_CHECK(x.dim() >= 2, "syncbn_ref: expected input with at least 2 dims (N, C, ...), got ", x.dim(), "-D");
+  const int64_t n = x.size(0);
+  const int64_t c = x.size(1);
+  const int64_t spatial = c == 0 || n == 0 ? 0 : x.numel() / (n * c);
+  if (fmt == at::MemoryFormat::ChannelsLast || fmt == at::MemoryFormat::ChannelsLast3d) {
+    return {n * spatial, c, 1};
+  }
+  return {n, c, spatial};
+}
+
+// Statistics of half, bfloat16 and float input are float; of double input, double.
+inline at::ScalarType acc_type_of(at::ScalarType t) {
+  return t == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+// A per-channel tensor (mean, invstd, weight, bias, running stats, sums) has C elements.
+inline void check_channels(int64_t numel, int64_t C, const char* name) {
+  TORCH_CHECK(numel == C, "syncbn_ref: ", name, " must have ", C, " elements (one per channel), got ", numel);
+}
+
+inline void check_grad_shape(const at::Tensor& grad_out, const at::Tensor& input) {
+  TORCH_CHECK(grad_out.sizes() == input.sizes(), "syncbn_ref: grad_out shape ", grad_out.sizes(),
+              " differs from input shape ", input.sizes());
+}
+
+inline void check_stat_dtypes(const at::Tensor& mean, const at::Tensor& invstd) {
+  TORCH_CHECK(mean.scalar_type() == invstd.scalar_type(), "syncbn_ref: mean and invstd need the same dtype, got ",
+              mean.scalar_type(), " and ", invstd.scalar_type());
+}
+
+// batch_norm_gather_stats_with_counts: [W, C] rows of mean and invstd, W counts. Returns W.
+inline int64_t check_gathered(const at::Tensor& mean, const at::Tensor& invstd, const at::Tensor& counts) {
+  TORCH_CHECK(mean.dim() == 2 && invstd.sizes() == mean.sizes(),
+              "syncbn_ref: mean and invstd must be [world_size, C] of the same shape, got ", mean.sizes(), " and ",
+              invstd.sizes());
+  const int64_t W = mean.size(0);
+  TORCH_CHECK(counts.numel() == W, "syncbn_ref: counts must have one entry per gathered row (", W, "), got ",
+              counts.numel());
+  return W;
+}
+
+// welford_merge: [W, 2C+1] float64 rows of (count, mean[C], M2[C]) from welford_stats.
+inline void check_welford_rows(const at::Tensor& gathered) {
+  TORCH_CHECK(gathered.dim() == 2 && gathered.size(1) % 2 == 1,
+              "syncbn_ref: welford_merge expects [world_size, 2*C+1] rows from welford_stats, got ",
+              gathered.sizes());
+  TORCH_CHECK(gathered.scalar_type() == at::kDouble, "syncbn_ref: welford_merge expects float64 rows, got ",
+              gathered.scalar_type());
+}
+
+inline void check_total(double total) {
+  TORCH_CHECK(total > 0, "syncbn_ref: the global element count must be positive, got ", total);
+}
+
+}  // namespace common
+}  // namespace syncbn_ref

@@ -1,0 +1,145 @@
+"""The catalog's shape: families, stable IDs and data, the selection rule, the covering subset."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import catalog
+from harness.catalog.case import Case, materialize
+from harness.catalog.covering import covers_all_pairs, pairwise
+from harness.errors import UsageError
+
+FAMILIES = {"allgather-shape", "mixed-precision", "channels-last", "module-config", "process-group", "numerics"}
+ROOT = Path(__file__).resolve().parents[2]
+
+# The first input values and weights of two cases, as generated when these cases were written. A case's data
+# must never change (a store's records of it would silently mean something else): not with catalog order, not
+# with the rest of the catalog, not with a refactor of how seeds are made.
+GOLDEN = {
+    "numerics/offset-1e3/ws2": (395307560, [1001.6117553710938, 1000.7081909179688, 1001.153076171875],
+                                [0.406803697347641, 1.4194176197052002, -1.4254990816116333]),
+    "allgather-shape/uneven-2-6/float16-float32/channels_last/ws2": (
+        685145515, [-1.251953125, -1.55859375, -1.1103515625],
+        [-0.8599808812141418, 1.4168899059295654, 0.262135773897171]),
+}
+
+
+def test_every_named_family_exists_with_a_docstring_naming_defects():
+    fams = catalog.families()
+    assert FAMILIES <= set(fams)
+    for name, mod in fams.items():
+        assert mod.__doc__ and "Catches" in mod.__doc__, name
+        assert any(c.isdigit() for c in mod.__doc__), f"{name}: no upstream issue number in its docstring"
+
+
+def test_ids_are_unique_and_prefixed():
+    cases = catalog.all_cases()
+    assert len({c.id for c in cases}) == len(cases)
+    for c in cases:
+        assert c.id.split("/")[0] == c.family
+        assert c.id.endswith(f"/ws{c.world_size}")
+
+
+@pytest.mark.parametrize("case_id", sorted(GOLDEN))
+def test_a_cases_data_never_changes(case_id):
+    seed, first_inputs, first_weights = GOLDEN[case_id]
+    in_catalog = next(c for c in catalog.all_cases() if c.id == case_id)
+    alone = catalog.select([case_id])[0]
+    # Rebuilt from its fields alone, outside the catalog, with its seed left to be derived from the ID.
+    fields = {k: v for k, v in in_catalog.to_dict().items() if k != "seed"}
+    rebuilt = Case.from_dict(fields)
+    for case in (in_catalog, alone, rebuilt):
+        assert case.seed == seed
+        data = materialize(case)
+        assert data.inputs[0][0].flatten()[:3].double().tolist() == first_inputs
+        assert data.weight[:3].double().tolist() == first_weights
+
+
+def test_matrix_crosses_dtypes_layouts_formats_and_world_sizes():
+    full = [c for c in catalog.select(exhaustive=True) if c.family == "allgather-shape" and c.id.count("/") == 4]
+    default = [c for c in full if c.default]
+    assert len(full) == 8 * 6 * 3
+    assert {c.world_size for c in default} == {2, 3, 4}
+    factors = [sorted({c.id.split("/")[1] for c in full}), sorted({c.id.split("/")[2] for c in full}),
+               sorted({c.memory_format for c in full})]
+    rows = [(c.id.split("/")[1], c.id.split("/")[2], c.memory_format) for c in default]
+    assert covers_all_pairs(rows, factors)
+    assert len(default) < len(full) / 2
+    assert any(0 in c.batch_sizes for c in default) and any(set(c.batch_sizes) == {1} for c in default)
+    assert {"float16", "bfloat16", "float32", "float64"} <= {c.dtype for c in default}
+
+
+def test_affine_parameters_are_not_ones_and_zeros():
+    data = materialize(catalog.select(["module-config/input-3d/ws2"])[0])
+    assert (data.weight < 0).any() and (data.weight > 0).any()
+    assert not bool((data.weight == 1).all()) and not bool((data.bias == 0).all())
+
+
+@pytest.mark.parametrize("sizes", [(2, 2), (3, 4, 2), (7, 6, 3), (2, 3, 4, 5)])
+def test_pairwise_covers_every_pair_with_few_rows(sizes):
+    factors = [list(range(n)) for n in sizes]
+    rows = pairwise(factors)
+    product = list(itertools.product(*factors))
+    assert covers_all_pairs(rows, factors)
+    assert set(rows) <= set(product) and len(set(rows)) == len(rows)
+    # No covering array is smaller than the two largest factors' product; a useful one is far below the full one.
+    a, b = sorted(sizes)[-2:]
+    assert a * b <= len(rows) <= max(a * b, len(product) // 2)
+    assert rows == pairwise(factors)  # deterministic
+    # Dropping any row loses a pair: each row is there for a reason (greedy, not padded).
+    missing_one = [r for r in rows if not covers_all_pairs([x for x in rows if x != r], factors)]
+    assert len(missing_one) >= len(rows) // 2
+
+
+def test_case_patterns_select_from_the_default_selection_unless_exhaustive():
+    pattern = "allgather-shape/*"
+    default = catalog.select([pattern])
+    full = catalog.select([pattern], exhaustive=True)
+    assert all(c.default for c in default)
+    assert len(full) > len(default) and any(not c.default for c in full)
+
+
+def test_an_exact_case_id_selects_that_case_even_outside_the_default_selection():
+    extra = next(c for c in catalog.all_cases() if not c.default)
+    assert [c.id for c in catalog.select([extra.id])] == [extra.id]
+
+
+def test_a_pattern_of_only_non_default_cases_says_to_add_exhaustive():
+    extra = next(c for c in catalog.all_cases() if not c.default)
+    pattern = extra.id[:-1] + "?"
+    if any(c.default for c in catalog.select([pattern], exhaustive=True)):
+        pytest.skip("the pattern also matches a default case")
+    with pytest.raises(UsageError, match="--exhaustive"):
+        catalog.select([pattern])
+
+
+def test_world_size_that_leaves_nothing_names_the_world_sizes_there_are():
+    with pytest.raises(UsageError, match=r"--world-size 7 leaves no case: the selected cases have world sizes 2, 3, 4"):
+        catalog.select(["allgather-shape/*"], world_sizes=[7])
+    assert {c.world_size for c in catalog.select(["allgather-shape/*"], world_sizes=[3])} == {3}
+
+
+def test_unknown_pattern_names_the_families():
+    with pytest.raises(UsageError, match="matches no case: IDs start with one of allgather-shape"):
+        catalog.select(["nosuch/*"])
+
+
+@pytest.mark.slow
+def test_pytest_collects_and_runs_cases_with_xdist_and_junit(tmp_path):
+    """`pytest cases/ -n 2 --junitxml` with real pools per worker; a known issue is an xfail."""
+    junit = tmp_path / "cases.xml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", str(ROOT / "cases"), "-n", "2", "-p", "no:cacheprovider", "-q",
+         "--impl", "reference", "--impl", "torch", "--case", "mixed-precision/empty-rank/float16-float32/ws2",
+         "--case", "channels-last/uneven/*", f"--junitxml={junit}"],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "5 passed, 1 xfailed" in proc.stdout
+    xml = junit.read_text()
+    assert 'name="test_case[channels-last/uneven/channels_last_3d/ws2-reference]"' in xml

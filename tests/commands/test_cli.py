@@ -1,0 +1,272 @@
+"""The command line: flags, usage errors with the valid choices, output people read, exit codes.
+
+Flags are checked through the real entry point (in process, or as a subprocess where a run starts rank
+processes); every flag named in ``run``'s and ``check``'s contract is exercised here at least once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from harness import catalog
+from harness.commands import cli, load_commands, main
+from harness.judge.metric import Metric
+from harness.results.console import format_ratio, print_table
+from harness.results.records import Record, Status
+
+load_commands()
+
+SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
+RECORD_KEYS = {"schema_version", "case", "family", "params", "impl", "impl_version", "mode", "status",
+               "message", "ranks", "metrics", "torch_version", "torch_git_version", "cuda_version", "device",
+               "backend", "world_size", "duration_s", "started_at", "host"}
+PARAM_KEYS = {"dtype", "param_dtype", "memory_format", "ndim", "batch_sizes", "world_size", "affine",
+              "track_running_stats", "momentum", "steps"}
+KNOWN_CASE = "mixed-precision/empty-rank/float16-float32/ws2"
+
+
+def _main(args, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    out = capsys.readouterr()
+    return info.value.code, out.out, out.err
+
+
+def harness(*args, env=None, timeout=600, **kw):
+    env = dict(os.environ, **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [SUPPORT, env.get("PYTHONPATH")]))
+    return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, **kw)
+
+
+# --- usage errors -----------------------------------------------------------------------------------------------
+
+def test_unknown_impl_lists_the_valid_ones(capsys):
+    code, _, err = _main(["run", "--impl", "apx", "--case", "allgather-shape/*"], capsys)
+    assert code == 2
+    assert "unknown impl 'apx'" in err and "reference" in err and "MODULE:ATTR" in err
+
+
+def test_unknown_case_pattern_lists_the_families(capsys):
+    code, _, err = _main(["run", "--impl", "reference", "--case", "nosuch/*"], capsys)
+    assert code == 2
+    assert "nosuch/*" in err and "allgather-shape" in err and "list cases" in err
+
+
+def test_bad_option_values_are_usage_errors(capsys):
+    code, _, err = _main(["run", "--device", "tpu"], capsys)
+    assert code == 2 and "tpu" in err
+    code, _, err = _main(["run", "--impl", "reference", "--device", "cpu", "--backend", "nccl"], capsys)
+    assert code == 2 and "--backend nccl needs --device cuda" in err
+    code, _, err = _main(["run", "--impl", "reference", "--world-size", "9"], capsys)
+    assert code == 2 and "--world-size 9 leaves no case" in err and "world sizes 2, 3, 4" in err
+    code, _, err = _main(["run", "--compare", "torch"], capsys)
+    assert code == 2 and "--compare 'torch'" in err
+
+
+# --- list and env -----------------------------------------------------------------------------------------------
+
+def test_list_cases_json_has_ids_families_and_params():
+    result = CliRunner().invoke(cli, ["list", "cases", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [r["id"] for r in rows] == [c.id for c in catalog.select()]
+    assert {"allgather-shape", "mixed-precision", "channels-last", "module-config", "process-group",
+            "numerics"} <= {r["family"] for r in rows}
+    for r in rows:
+        assert r["id"].startswith(r["family"] + "/") and PARAM_KEYS <= set(r["params"])
+
+
+@pytest.mark.parametrize("flags", [["--case", "allgather-shape/*"], ["--case", "allgather-shape/*", "--exhaustive"],
+                                   ["--world-size", "3"], ["--exhaustive", "--world-size", "4"]])
+def test_list_cases_previews_exactly_what_run_would_select(flags):
+    result = CliRunner().invoke(cli, ["list", "cases", "--format", "json", *flags])
+    assert result.exit_code == 0, result.output
+    pats = [flags[i + 1] for i, f in enumerate(flags) if f == "--case"]
+    sizes = [int(flags[i + 1]) for i, f in enumerate(flags) if f == "--world-size"]
+    expected = catalog.select(pats, exhaustive="--exhaustive" in flags, world_sizes=sizes)
+    assert [r["id"] for r in json.loads(result.output)] == [c.id for c in expected]
+
+
+def test_list_tables_size_their_columns_to_the_content():
+    result = CliRunner().invoke(cli, ["list", "cases", "--case", "numerics/*"])
+    lines = [ln for ln in result.output.splitlines() if ln and not ln.endswith(" cases")]
+    widest_id = max(len(c.id) for c in catalog.select(["numerics/*"]))
+    assert all(line.index(" ws") if line.startswith("case") else True for line in lines)
+    assert lines[0].startswith("case" + " " * (widest_id - 4 + 2) + "ws")  # the id column is as wide as the ids
+    impls = CliRunner().invoke(cli, ["list", "impls"])
+    assert impls.exit_code == 0 and impls.output.splitlines()[0].split() == ["impl", "version", "mode", "state"]
+
+
+def test_env_reports_the_build():
+    import torch
+
+    result = CliRunner().invoke(cli, ["env", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert data["torch"] == torch.__version__ and data["torch_git_version"] == torch.version.git_version
+    assert "gloo" in data["backends"]
+    from harness.impls.apex import probe
+
+    assert data["apex"] == probe().text
+
+
+# --- what a run prints ------------------------------------------------------------------------------------------
+
+def _record(case, status, impl="reference", message="", ratio=None, known=None):
+    metrics = {} if ratio is None else {"rank0.step0.train.output": Metric(1.0, 1.0, 1e-6, ratio)}
+    return Record(case=case, family=case.split("/")[0], params={}, impl=impl, status=status, message=message,
+                  metrics=metrics, known_issue=known)
+
+
+def test_ratios_are_compact_and_columns_hold():
+    assert [format_ratio(x) for x in (None, 0.03125, 938.2, 177457438516.208, float("inf"))] == \
+        ["-", "0.0312", "938", "1.77e+11", "inf"]
+    lines = []
+    print_table([_record("numerics/a/ws2", Status.MISMATCH, message="rank 0: mismatch", ratio=177457438516.208),
+                 _record("numerics/bb/ws2", Status.MISMATCH, message="rank 1: mismatch", ratio=2.5)],
+                echo=lines.append)
+    rows = [ln for ln in lines if ln.startswith("numerics/")]
+    assert "1.77e+11" in rows[0] and "177457438516" not in rows[0]
+    assert rows[0].index("rank 0") == rows[1].index("rank 1")  # the message column starts at one place
+
+
+def test_an_implementation_that_is_not_installed_is_one_line_with_its_whole_reason():
+    reason = "apex not installed (" + "a long install advice, " * 20 + "the end of the sentence)"
+    records = [_record(f"numerics/c{i}/ws2", Status.SKIPPED, impl="apex", message=reason) for i in range(50)]
+    records += [_record("numerics/c0/ws2", Status.PASS)]
+    lines = []
+    print_table(records, echo=lines.append)
+    assert sum(reason in ln for ln in lines) == 1
+    assert f"apex: 50 skipped: {reason}" in lines
+    assert not any(ln.startswith("numerics/c1/ws2") for ln in lines)
+
+
+def test_known_failures_read_as_known():
+    from harness.results.records import KnownIssueMatch
+
+    known = KnownIssueMatch(link="https://x.invalid/1", expected=("crash",), matched=True)
+    lines = []
+    print_table([_record(KNOWN_CASE, Status.CRASH, impl="torch", message="rank 0: crash", known=known)],
+                echo=lines.append)
+    row = next(ln for ln in lines if ln.startswith(KNOWN_CASE))
+    assert "crash (known)" in row and "[https://x.invalid/1]" in row
+    assert lines[-1].startswith("1 records: 1 crash (known)")
+
+
+@pytest.mark.slow
+def test_run_reference_json_all_pass():
+    """`run --impl reference --device cpu --format json` prints passing records with every contracted field."""
+    proc = harness("run", "--impl", "reference", "--device", "cpu", "--format", "json", "--store", "/dev/null/x",
+                   timeout=900)
+    assert proc.returncode == 3 and "cannot be created" in proc.stderr  # the store is checked before any case runs
+    proc = harness("run", "--impl", "reference", "--device", "cpu", "--format", "json", cwd="/tmp")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = json.loads(proc.stdout)
+    assert sorted(r["case"] for r in records) == sorted(c.id for c in catalog.select())
+    for r in records:
+        assert r["status"] == "pass"
+        assert RECORD_KEYS <= set(r) and PARAM_KEYS <= set(r["params"])
+        assert len(r["ranks"]) == r["world_size"] and r["metrics"]
+        assert all(m["ok"] for m in r["metrics"].values())
+
+
+@pytest.mark.slow
+def test_run_flags_world_size_exhaustive_backend_and_junit(tmp_path):
+    extra = next(c for c in catalog.all_cases() if not c.default and c.world_size == 3)
+    pattern = extra.id.rsplit("/", 2)[0] + "/*"
+    proc = harness("run", "--impl", "reference", "--case", pattern, "--exhaustive", "--world-size", "3",
+                   "--backend", "gloo", "--device", "cpu", "--junit", str(tmp_path / "run.xml"), "--format", "json",
+                   "--store", str(tmp_path / "s"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = json.loads(proc.stdout)
+    expected = catalog.select([pattern], exhaustive=True, world_sizes=[3])
+    assert [r["case"] for r in records] == [c.id for c in expected] and extra.id in [r["case"] for r in records]
+    assert {r["backend"] for r in records} == {"gloo"} and {r["world_size"] for r in records} == {3}
+    suite = ET.parse(tmp_path / "run.xml").getroot()
+    assert suite.get("tests") == str(len(records)) and suite.get("failures") == "0"
+    assert {tc.get("name") for tc in suite.iter("testcase")} == {r["case"] for r in records}
+
+
+@pytest.mark.slow
+def test_run_compare_reports_the_differences_on_the_same_inputs(tmp_path):
+    proc = harness("run", "--impl", "torch", "--case", "numerics/offset-1e3/ws2", "--compare", "torch,reference",
+                   "--device", "cpu", "--format", "json", "--store", str(tmp_path / "s"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    records = {r["impl"]: r for r in json.loads(proc.stdout)}
+    assert set(records) == {"torch", "reference"}  # --compare runs B too
+    comp = records["torch"]["compare"]
+    assert comp["with"] == "reference" and comp["error"] is None
+    assert {"step0.train.output", "step0.train.grad_input", "step0.train.running_var"} <= set(comp["max_abs_diff"])
+    assert all(0 <= v < 1e-2 for v in comp["max_abs_diff"].values())
+    assert records["reference"]["compare"] is None
+
+
+@pytest.mark.slow
+def test_a_failing_run_says_how_to_write_a_repro(tmp_path):
+    case = "allgather-shape/uneven-2-6/float32-float32/channels_last/ws2"
+    proc = harness("run", "--impl", "defects:EqualWeightMerge", "--case", case, "--device", "cpu",
+                   "--store", str(tmp_path / "s"))
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert (f"to reproduce the first failure as a standalone script: syncbn-harness repro {case} "
+            "--impl defects:EqualWeightMerge --device cpu -o repro.py") in proc.stdout
+
+
+# --- check ------------------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_check_says_a_known_failure_is_known():
+    proc = harness("check", "--impl", "torch", "--case", KNOWN_CASE, "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    assert "crash as known (https://github.com/pytorch/pytorch/pull/74944)" in proc.stderr
+    assert "check: 0 good, 0 bad, 1 failed as known issues (good)" in proc.stderr
+
+
+def test_check_with_a_mistyped_flag_is_untestable_not_bad():
+    proc = harness("check", "--impl", "reference", "--cases", "numerics/*", timeout=120)
+    assert proc.returncode == 125, proc.stderr
+    assert "the command line above is not valid" in proc.stderr and "skips this commit" in proc.stderr
+
+
+@pytest.mark.parametrize("decoy", ["raise ImportError('libtorch_cpu.so: undefined symbol')", "import os; os.abort()"])
+def test_check_of_a_torch_that_does_not_import_is_untestable(tmp_path, decoy):
+    (tmp_path / "torch").mkdir()
+    (tmp_path / "torch" / "__init__.py").write_text(decoy + "\n")
+    proc = harness("check", "--impl", "reference", "--case", "numerics/offset-1e3/ws2",
+                   env={"PYTHONPATH": str(tmp_path)}, timeout=120)
+    assert proc.returncode == 125, proc.stdout + proc.stderr
+    assert "check: cannot test: importing torch" in proc.stderr
+    assert ("SIGABRT" if "abort" in decoy else "undefined symbol") in proc.stderr
+
+
+@pytest.mark.slow
+def test_check_under_sigterm_is_untestable_and_leaves_no_rank(tmp_path):
+    from proctools import alive, rank_processes, wait_until
+
+    env = dict(os.environ, PYTHONPATH=SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "check", "--impl", "probes:SleepOnRank1", "--case",
+                             "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2", "--timeout", "600"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert wait_until(lambda: len(rank_processes(proc.pid)) == 2, timeout=120), "ranks did not start"
+        ranks = rank_processes(proc.pid)
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = proc.stderr.read().decode()
+    assert code == 125, err
+    assert "check: terminated; cannot test" in err
+    assert wait_until(lambda: not any(alive(p) for p in ranks), timeout=5)

@@ -1,0 +1,143 @@
+"""The engine with real processes: every rank's failure attributed, the pool recovered, nothing left behind.
+
+Probes (tests/support/probes.py) misbehave on rank 1 only. Each failure must
+give the right status attributed to rank 1, in bounded time; and in the same
+session (the same pool set) the next case must then run on fresh ranks and
+pass, with no trace of the failure in its record.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import catalog
+from harness.engine.session import RunOptions, Session, resolve_impls, run_selection
+from harness.results.records import RankStatus, Status
+from proctools import children_of
+
+SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
+CASE = "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2"
+NEXT = "allgather-shape/even-4-4/float32-float32/contiguous/ws2"
+
+
+@pytest.fixture(autouse=True)
+def _probes_on_path(monkeypatch):
+    # Rank processes are spawned: they import the probes through PYTHONPATH.
+    monkeypatch.setenv("PYTHONPATH", SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def failing_then_passing(probe: str, timeout: float = 20.0):
+    """In one session: the probe's case, then a normal case on the same world size's pool."""
+    [bad_case], [next_case] = catalog.select([CASE]), catalog.select([NEXT])
+    probe_impl, ref = resolve_impls([f"probes:{probe}", "reference"])
+    before = children_of(os.getpid())
+    t0 = time.monotonic()
+    session = Session([probe_impl, ref], RunOptions(timeout=timeout))
+    try:
+        bad = session.run_one(bad_case, probe_impl)
+        pool = session.pools[2]
+        assert not pool.alive, "a failed case must tear its pool down"
+        good = session.run_one(next_case, ref)
+        assert session.pools[2] is pool and pool.alive, "the next case runs on a restarted pool of the same session"
+    finally:
+        session.close()
+    elapsed = time.monotonic() - t0
+    assert children_of(os.getpid()) - before == set(), "rank processes left behind"
+    assert good.status == Status.PASS, good.message
+    assert good.message == "" and all(o.status is RankStatus.PASS for o in good.ranks)
+    assert not any(o.traceback or o.stack_dump or o.exception_type for o in good.ranks), "stale failure data"
+    return bad, elapsed
+
+
+def rank(record, r):
+    return next(o for o in record.ranks if o.rank == r)
+
+
+@pytest.mark.slow
+def test_exception_on_rank1_is_an_error_of_rank1():
+    bad, elapsed = failing_then_passing("RaiseOnRank1")
+    assert bad.status == Status.ERROR
+    r1 = rank(bad, 1)
+    assert r1.status is RankStatus.ERROR and r1.exception_type == "RuntimeError"
+    assert "planted failure on rank 1" in r1.message and "misbehave" in r1.traceback
+    assert rank(bad, 0).status is RankStatus.PEER_FAILED
+    assert bad.message.startswith("rank 1: error (RuntimeError: planted failure on rank 1)")
+    assert elapsed < 60
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("probe,signame", [("SegfaultOnRank1", "SIGSEGV"), ("AbortOnRank1", "SIGABRT"),
+                                           ("KillOnRank1", "SIGKILL")])
+def test_signal_on_rank1_is_a_crash_of_rank1(probe, signame):
+    bad, elapsed = failing_then_passing(probe)
+    assert bad.status == Status.CRASH
+    r1 = rank(bad, 1)
+    assert r1.status is RankStatus.CRASH and r1.signal == signame and r1.exit_code < 0
+    assert rank(bad, 0).status is RankStatus.PEER_FAILED
+    assert f"rank 1: crash (killed by {signame})" in bad.message
+    if signame == "SIGSEGV":
+        assert "Fatal Python error" in (r1.stack_dump or "")  # faulthandler's traceback of the crash
+    assert elapsed < 60
+
+
+@pytest.mark.slow
+def test_exit_code_on_rank1_is_a_crash_with_that_code():
+    bad, _ = failing_then_passing("ExitOnRank1")
+    assert bad.status == Status.CRASH
+    r1 = rank(bad, 1)
+    assert r1.exit_code == 3 and r1.signal is None and "exited with code 3" in r1.message
+
+
+@pytest.mark.slow
+def test_sleeping_rank1_is_the_hang_with_a_stack_dump():
+    bad, elapsed = failing_then_passing("SleepOnRank1", timeout=8)
+    assert bad.status == Status.HANG
+    r1, r0 = rank(bad, 1), rank(bad, 0)
+    assert r1.status is RankStatus.HANG
+    assert "in misbehave" in r1.stack_dump and "probes.py" in r1.stack_dump  # where rank 1 sleeps
+    assert r0.status is RankStatus.PEER_FAILED and "in all_gather" in r0.stack_dump
+    assert r0.message == "waiting in a collective for ranks [1]"
+    assert 8 <= elapsed < 60
+
+
+@pytest.mark.slow
+def test_skipped_collective_blames_the_rank_that_skipped():
+    bad, elapsed = failing_then_passing("SkipCollectiveOnRank1", timeout=8)
+    assert bad.status == Status.HANG
+    r1, r0 = rank(bad, 1), rank(bad, 0)
+    assert r1.status is RankStatus.HANG and "did not enter" in r1.message
+    assert r0.status is RankStatus.PEER_FAILED and "all_gather" in (r0.stack_dump or "")
+    assert elapsed < 60
+
+
+@pytest.mark.slow
+def test_two_pools_at_once_get_distinct_ports():
+    """Rendezvous ports come from the OS: two pools of the same size start side by side."""
+    from harness.engine.messages import Task
+    from harness.engine.pool import Pool
+
+    with Pool(2) as a, Pool(2) as b:
+        a.start()
+        b.start()
+        assert a.port != b.port
+        task = Task(case=catalog.select([NEXT])[0].to_dict(), impl="reference")
+        assert a.run(task, timeout=60).status == Status.PASS
+        assert b.run(task, timeout=60).status == Status.PASS
+        pids = a.pids() + b.pids()
+    assert all(not Path(f"/proc/{p}").exists() or "Z" in Path(f"/proc/{p}/stat").read_text().split()[2]
+               for p in pids)
+
+
+@pytest.mark.slow
+def test_caller_rendezvous_env_does_not_reach_the_ranks(monkeypatch):
+    """A probe raises on any rank that sees MASTER_ADDR & co.: the pool must scrub them."""
+    for var, value in (("MASTER_ADDR", "10.255.255.1"), ("MASTER_PORT", "1"), ("WORLD_SIZE", "64"), ("RANK", "5"),
+                       ("LOCAL_RANK", "3"), ("TORCHELASTIC_RUN_ID", "not-this-job")):
+        monkeypatch.setenv(var, value)
+    records = list(run_selection(catalog.select([NEXT]), resolve_impls(["probes:FailsOnRendezvousEnv"]),
+                                 RunOptions(timeout=60)))
+    assert [r.status for r in records] == [Status.PASS], records[0].message

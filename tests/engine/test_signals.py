@@ -1,0 +1,59 @@
+"""No orphans: Ctrl-C, SIGTERM and SIGKILL of the harness leave no rank process behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from proctools import alive, rank_processes, wait_until
+
+SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
+
+
+def start_hanging_run(tmp_path):
+    """A real `syncbn-harness run` whose rank 1 sleeps: the harness waits in its pool."""
+    env = dict(os.environ, PYTHONPATH=SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness", "run", "--impl", "probes:SleepOnRank1", "--case",
+         "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2", "--timeout", "600",
+         "--store", str(tmp_path / "store")],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    assert wait_until(lambda: len(rank_processes(proc.pid)) == 2, timeout=120), "ranks did not start"
+    ranks = rank_processes(proc.pid)
+    time.sleep(1.0)  # let the case reach the collective
+    return proc, ranks
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_interrupt_reaps_every_rank(tmp_path, how):
+    proc, ranks = start_hanging_run(tmp_path)
+    if how == "ctrl-c":
+        os.killpg(proc.pid, signal.SIGINT)  # a terminal sends SIGINT to the whole foreground group
+    else:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    err = proc.stderr.read().decode()
+    assert code == 130, err
+    assert ("interrupted" if how == "ctrl-c" else "terminated") + "; every rank process was stopped" in err
+    # What was done is kept, and the way to go on is said.
+    assert f"the results finished so far are stored in {tmp_path / 'store'}" in err
+    assert "--resume" in err.split("to continue:")[1]
+    assert wait_until(lambda: not any(alive(p) for p in ranks), timeout=5), "rank processes outlived the harness"
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_harness_takes_the_ranks_down(tmp_path):
+    proc, ranks = start_hanging_run(tmp_path)
+    proc.kill()
+    proc.wait(timeout=10)
+    assert wait_until(lambda: not any(alive(p) for p in ranks), timeout=5), "ranks outlived a SIGKILLed harness"

@@ -1,0 +1,96 @@
+"""Multi-node mode: two torchrun agents (2 processes each, c10d rendezvous on loopback) as two nodes.
+
+A passing selection is written once, by rank 0. A rank that raises, segfaults
+or hangs is recorded, attributed to that rank, and the job ends promptly with
+exit 1: the failure is never lost to a timeout of the whole job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import catalog
+
+SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
+PATTERNS = ["allgather-shape/uneven-3-1-4-2/float32-*", "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2",
+            "process-group/pairs-*"]
+FAILING_CASE = "allgather-shape/uneven-3-1-4-2/float32-float32/contiguous/ws4"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def two_agents(tmp_path, *run_args, timeout=600):
+    """Two torchrun agents of 2 processes each running `python -m harness run`; (exit codes, outputs, records)."""
+    port = free_port()
+    store = tmp_path / "store"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--max-restarts=0",
+           "-m", "harness", "run", *run_args, "--store", str(store)]
+    env = dict(os.environ, PYTHONPATH=SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True) for _ in range(2)]
+    outs = []
+    try:
+        for a in agents:
+            outs.append(a.communicate(timeout=timeout))
+    finally:
+        for a in agents:
+            if a.poll() is None:
+                os.killpg(a.pid, 9)
+                a.wait()
+    files = list(store.glob("*.jsonl"))
+    records = [json.loads(line) for f in files for line in f.read_text().splitlines() if line.strip()]
+    return [a.returncode for a in agents], outs, records
+
+
+@pytest.mark.slow
+def test_two_agents_store_passing_records(tmp_path):
+    codes, outs, records = two_agents(tmp_path, "--impl", "reference",
+                                      *[arg for p in PATTERNS for arg in ("--case", p)], "--timeout", "120")
+    assert codes == [0, 0], outs
+    # Only the cases whose world size equals the job's (4) run, each once, written by rank 0 alone.
+    selected = catalog.select(PATTERNS)
+    assert any(c.world_size == 2 for c in selected)  # selected but not run: the job's world size is 4
+    assert sorted(r["case"] for r in records) == sorted(c.id for c in selected if c.world_size == 4)
+    for r in records:
+        assert r["status"] == "pass", r["message"]
+        assert [o["rank"] for o in r["ranks"]] == [0, 1, 2, 3]
+        assert r["metrics"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("probe,status,how", [("RaiseOnRank1", "error", "RuntimeError"),
+                                              ("SegfaultOnRank1", "crash", "SIGSEGV"),
+                                              ("SleepOnRank1", "hang", "misbehave")])
+def test_a_failing_rank_is_recorded_and_attributed_and_the_job_ends(tmp_path, probe, status, how):
+    t0 = time.monotonic()
+    codes, outs, records = two_agents(tmp_path, "--impl", f"probes:{probe}", "--case", FAILING_CASE,
+                                      "--timeout", "20", "--format", "json")
+    elapsed = time.monotonic() - t0
+    assert 1 in codes and all(c != 0 for c in codes), (codes, outs)
+    assert elapsed < 150, f"the job took {elapsed:.0f}s to end"
+    [record] = records
+    assert record["case"] == FAILING_CASE and record["status"] == status, record["message"]
+    by_rank = {o["rank"]: o for o in record["ranks"]}
+    assert sorted(by_rank) == [0, 1, 2, 3]
+    culprit = by_rank[1]
+    assert culprit["status"] == status
+    evidence = " ".join(str(culprit.get(k) or "") for k in ("exception_type", "signal", "stack_dump", "message"))
+    assert how in evidence, culprit
+    assert all(by_rank[r]["status"] == "peer-failed" for r in (0, 2, 3)), by_rank
+    assert record["message"].startswith(f"rank 1: {status}")
+    # The writer printed the run's output (the JSON array) before the job ended.
+    printed = [json.loads(out) for out, _ in outs if out.strip().startswith("[")]
+    assert [[r["status"] for r in p] for p in printed] == [[status]]

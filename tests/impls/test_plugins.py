@@ -1,0 +1,78 @@
+"""Plugins: MODULE:ATTR and the entry-point group, with clear errors when they do not import."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import catalog
+from harness.engine.session import RunOptions, resolve_impls, run_selection
+from harness.errors import ImplUnavailable, UsageError
+from harness.impls import resolve
+from harness.results.records import Status
+
+SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
+
+
+def _env(tmp_path=None):
+    paths = [SUPPORT] + ([str(tmp_path)] if tmp_path else [])
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(paths + [os.environ.get("PYTHONPATH", "")]))
+
+
+def test_malformed_plugin_name_is_a_usage_error():
+    with pytest.raises(UsageError, match="MODULE:ATTR"):
+        resolve("justamodule:")
+
+
+def test_import_failure_names_the_module_and_the_exception(tmp_path, monkeypatch):
+    (tmp_path / "brokenplug.py").write_text("raise ImportError('no CUDA toolkit for this plugin')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImplUnavailable, match="brokenplug.*ImportError: no CUDA toolkit"):
+        resolve_impls(["brokenplug:SyncBN"])
+    (tmp_path / "emptyplug.py").write_text("x = 1\n")
+    with pytest.raises(ImplUnavailable, match="has no attribute 'SyncBN'"):
+        resolve_impls(["emptyplug:SyncBN"])
+
+
+@pytest.mark.slow
+def test_cli_exit_codes_for_a_plugin_that_does_not_import(tmp_path):
+    (tmp_path / "brokenplug.py").write_text("import not_a_real_dependency\n")
+    base = [sys.executable, "-m", "harness"]
+    sel = ["--impl", "brokenplug:SyncBN", "--case", "numerics/offset-1e3/ws2"]
+    run = subprocess.run(base + ["run"] + sel, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "ModuleNotFoundError" in run.stderr and "brokenplug" in run.stderr
+    check = subprocess.run(base + ["check"] + sel, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    assert check.returncode == 125, check.stderr
+
+
+@pytest.mark.slow
+def test_correct_plugin_passes_and_defective_plugin_fails(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    cases = catalog.select(["allgather-shape/uneven-2-6/float32-float32/contiguous/ws2",
+                            "allgather-shape/uneven-1-2-5/float32-float32/contiguous/ws3"])
+    records = list(run_selection(
+        cases, resolve_impls(["textbook:TextbookSyncBN", "defects:EqualWeightMerge"]), RunOptions()))
+    by_impl = {(r.impl, r.case): r.status for r in records}
+    assert all(s == Status.PASS for (impl, _), s in by_impl.items() if impl.startswith("textbook"))
+    assert any(s == Status.MISMATCH for (impl, _), s in by_impl.items() if impl.startswith("defects"))
+
+
+def test_entry_point_plugins_are_listed(tmp_path, monkeypatch):
+    """A distribution declaring the syncbn_harness.impls group shows up by name."""
+    dist = tmp_path / "myplug-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: myplug\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text("[syncbn_harness.impls]\nmybn = textbook:TextbookSyncBN\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.syspath_prepend(SUPPORT)
+    from harness.impls import known_names
+
+    assert "mybn" in known_names()
+    impl = resolve("mybn")
+    assert impl.name == "mybn" and impl.key == "mybn"
+    impl.check_available()
+    assert impl.capabilities.convert  # textbook has convert_sync_batchnorm

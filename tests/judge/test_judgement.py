@@ -1,0 +1,82 @@
+"""The proof that the catalog and the tolerances work, with real processes and real gloo.
+
+- Three correct SyncBNs written independently of the reference and of each
+  other (textbook.py: autograd through differentiable all_reduces; gather.py:
+  an all_gather of float64 moments with a hand-written backward;
+  float32_syncbn.py: float32 arithmetic throughout, as the CUDA kernels of
+  torch and apex) raise no alarm on the default selection, and the float32
+  one and the reference none on the full product either.
+- Every planted defect (defects.py: the kinds real implementations shipped)
+  is caught by default-selection cases of the families meant to catch it,
+  as a mismatch on the tensor it corrupts.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from harness import catalog
+from harness.engine.session import RunOptions, resolve_impls, run_selection
+from harness.results.records import Status
+
+SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
+# The most of its budget (err/tol) any correct implementation uses anywhere; the README states the same bound.
+CORRECT_USE_AT_MOST = 0.5
+
+
+@pytest.fixture(autouse=True)
+def _support_on_path(monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def run(impl_names, cases, timeout=60):
+    return list(run_selection(cases, resolve_impls(impl_names), RunOptions(timeout=timeout)))
+
+
+def assert_quiet(records, n):
+    assert len(records) == n
+    bad = [f"{r.impl} {r.case}: {r.status.value} {r.message}" for r in records if r.status != Status.PASS]
+    assert not bad, "\n".join(bad)
+    worst = max(r.worst_ratio for r in records)
+    assert 0 < worst < CORRECT_USE_AT_MOST, worst
+
+
+@pytest.mark.slow
+def test_correct_implementations_raise_no_alarm_on_the_default_selection():
+    cases = catalog.select()
+    impls = ["textbook:TextbookSyncBN", "gather:GatherSyncBN", "float32_syncbn:Float32SyncBN"]
+    assert_quiet(run(impls, cases), 3 * len(cases))
+
+
+@pytest.mark.slow
+def test_the_float32_implementation_and_the_reference_are_quiet_on_the_full_product():
+    cases = catalog.select(exhaustive=True)
+    assert len(cases) > len(catalog.select())
+    assert_quiet(run(["float32_syncbn:Float32SyncBN", "reference"], cases), 2 * len(cases))
+
+
+def _defects():
+    sys.path.insert(0, SUPPORT)
+    import defects
+
+    return defects.CATCHERS
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("defect", sorted(_defects(), key=lambda c: c.__name__), ids=lambda c: c.__name__)
+def test_planted_defect_is_caught_on_the_tensor_it_corrupts(defect):
+    patterns, status, tensor = _defects()[defect]
+    cases = [c for c in catalog.select() if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
+    assert cases, f"no default case matches {patterns}"
+    records = run([f"defects:{defect.__name__}"], cases, timeout=20)
+    caught = [r for r in records if r.status == Status(status)
+              and any(name.endswith(tensor) and not m.ok for name, m in r.metrics.items())]
+    assert caught, (f"{defect.__name__}: no {status} on {tensor} in {patterns}: "
+                    f"{Counter((r.status.value, r.message[:80]) for r in records).most_common(3)}")
+    assert all(r.message for r in caught)

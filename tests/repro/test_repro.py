@@ -1,0 +1,124 @@
+"""``repro``: the written file reproduces a defect standalone (no harness import), and passes without it.
+
+Each file is written by the real CLI (which runs the case with the harness
+first, for the header) and then run with ``python FILE`` in a fresh process
+whose ``PYTHONPATH`` starts with a decoy ``harness`` package that raises on
+import: the file must not need the harness.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.judge import oracle
+
+CASE = "allgather-shape/uneven-2-6/float64-float64/contiguous/ws2"
+
+
+from syncbnplug_template import PLUGIN  # noqa: E402
+
+
+@pytest.fixture
+def plugins(tmp_path) -> Path:
+    """Two plugin modules (correct, biased running variance) and a decoy harness package."""
+    d = tmp_path / "plugins"
+    d.mkdir()
+    (d / "good_bn.py").write_text(PLUGIN.format(version="1", biased=False, broken=""))
+    (d / "biased_bn.py").write_text(PLUGIN.format(version="5", biased=True, broken=""))
+    decoy = tmp_path / "decoy" / "harness"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("raise ImportError('the repro imported the harness')\n")
+    return d
+
+
+def write(impl: str, out: Path, *extra: str, pythonpath: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    return subprocess.run([sys.executable, "-m", "harness", "repro", CASE, "--impl", impl, "-o", str(out), *extra],
+                          capture_output=True, text=True, timeout=300, env=env)
+
+
+def run_standalone(path: Path, plugin_dir: Path, *, launcher=(), cwd=None) -> subprocess.CompletedProcess:
+    decoy = plugin_dir.parent / "decoy"
+    env = {**os.environ, "PYTHONPATH": f"{decoy}{os.pathsep}{plugin_dir}"}
+    return subprocess.run([*launcher, str(path)], capture_output=True, text=True, timeout=300, env=env,
+                          cwd=cwd or path.parent)
+
+
+@pytest.mark.slow
+def test_repro_fails_for_the_defect_and_passes_without_it(plugins, tmp_path):
+    bad_file, good_file = tmp_path / "repro_biased.py", tmp_path / "repro_good.py"
+    proc = write("biased_bn:SyncBatchNorm", bad_file, pythonpath=str(plugins))
+    assert proc.returncode == 0, proc.stderr
+    assert "observed mismatch" in proc.stdout
+    text = bad_file.read_text()
+    head = text.split('"""', 1)[0]
+    import torch
+
+    assert "# Observed: mismatch" in head and "running_var" in head
+    assert f"torch {torch.__version__} (git {torch.version.git_version})" in head
+    assert f"# Found with: syncbn-harness check --impl biased_bn:SyncBatchNorm --case {CASE}" in head
+    assert not re.search(r"^\s*(import|from)\s+harness\b", text, re.M)
+    # Built from the harness's own source text, not a rewrite of the math.
+    assert inspect.getsource(oracle.run_oracle) in text
+
+    bad = run_standalone(bad_file, plugins, launcher=(sys.executable,))
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "FAIL: biased_bn:SyncBatchNorm disagrees with the float64 oracle" in bad.stdout
+    assert "running_var: max abs err" in bad.stdout and "the repro imported the harness" not in bad.stderr
+
+    assert write("good_bn:SyncBatchNorm", good_file, pythonpath=str(plugins)).returncode == 0
+    good = run_standalone(good_file, plugins, launcher=(sys.executable,))
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert good.stdout.startswith("PASS: good_bn:SyncBatchNorm agrees")
+
+
+@pytest.mark.slow
+def test_repro_runs_under_torchrun(plugins, tmp_path):
+    out = tmp_path / "repro_biased.py"
+    assert write("biased_bn:SyncBatchNorm", out, "--no-run", pythonpath=str(plugins)).returncode == 0
+    torchrun = (sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2")
+    proc = run_standalone(out, plugins, launcher=torchrun)
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("FAIL: biased_bn:SyncBatchNorm") == 1  # rank 0 prints, every rank fails
+    assert "running_var" in proc.stdout
+
+
+def test_repro_of_torch_targets_cuda_and_says_why(plugins, tmp_path):
+    out = tmp_path / "repro_torch.py"
+    proc = write("torch", out, "--no-run")
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert "DEVICE = 'cuda'" in text and "BACKEND = 'nccl'" in text and "cpu-emulation" in text
+    assert "return torch.nn.SyncBatchNorm" in text
+    ran = run_standalone(out, plugins, launcher=(sys.executable,))
+    import torch
+
+    if not torch.cuda.is_available():
+        assert ran.returncode == 2 and "no GPU is visible" in ran.stderr
+    elif torch.cuda.device_count() < 2:
+        assert ran.returncode == 2 and "nccl cannot share one GPU" in ran.stderr
+    else:  # torch's SyncBatchNorm is right on this float64 case: the file runs it on two GPUs and says so
+        assert ran.returncode == 0 and ran.stdout.startswith("PASS: torch agrees"), ran.stdout + ran.stderr
+    refused = write("torch", out, "--device", "cpu", "--no-run")
+    assert refused.returncode == 2 and "cpu-emulation" in refused.stderr and "--device cuda" in refused.stderr
+
+
+def test_repro_of_reference_says_it_is_not_standalone(tmp_path):
+    out = tmp_path / "repro_ref.py"
+    proc = write("reference", out, "--no-run", "--device", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    text = out.read_text()
+    assert "NOT standalone" in text.split('"""', 1)[0] and 'import_module("harness.impls.reference")' in text
+
+
+def test_repro_refuses_an_ambiguous_case(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "harness", "repro", "allgather-shape/*", "--impl", "torch",
+                           "--no-run"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and "give one case ID" in proc.stderr

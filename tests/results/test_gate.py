@@ -1,0 +1,220 @@
+"""`gate` and `diff`: a build against a baseline, real runs and real files.
+
+The implementation under test is a plugin written here whose output an
+environment variable perturbs, so one implementation name behaves as two
+builds: the baseline's and a worse one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness.buildinfo import build_info
+from harness.judge.metric import Metric
+from harness.results.diff import FIXED, GROWTH, NEW_FAILURE, SAME, STATUS_CHANGE, GrowthRule, compare
+from harness.results.gate import evaluate, format_result, junit_rows
+from harness.results.records import Record, Status
+from harness.results.store import Store, build_key
+
+PLUGIN = textwrap.dedent("""
+    import os
+
+    from harness.impls.reference import SyncBatchNorm
+
+
+    class Drifting(SyncBatchNorm):
+        \"\"\"The reference; its output is scaled by 1 + SYNCBN_TEST_WORSE (a build made worse).\"\"\"
+
+        def forward(self, input):
+            out = super().forward(input)
+            worse = float(os.environ.get("SYNCBN_TEST_WORSE", "0"))
+            return out * (1.0 + worse) if worse else out
+""")
+IMPL = "tgplug:Drifting"
+
+
+def small_selection(n: int) -> list[str]:
+    """IDs of ``n`` cheap default cases (float32, two ranks), read from the catalog as it is today."""
+    from harness import catalog
+
+    ids = [c.id for c in catalog.select(world_sizes=[2])
+           if c.dtype == "float32" and c.param_dtype == "float32" and c.groups is None]
+    assert len(ids) >= n, ids
+    return ids[:n]
+
+
+def harness(args, tmp_path: Path, worse: str = "0", timeout=600):
+    (tmp_path / "tgplug.py").write_text(PLUGIN)
+    env = dict(os.environ, SYNCBN_TEST_WORSE=worse,
+               PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "harness", *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=tmp_path)
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    """A real run of the plugin, unperturbed: its JSON output and its store."""
+    tmp = tmp_path_factory.mktemp("gate")
+    cases = small_selection(3)
+    selection = ["--impl", IMPL, *[a for c in cases for a in ("--case", c)]]
+    proc = harness(["run", *selection, "--store", str(tmp / "good"), "--format", "json"], tmp)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (tmp / "baseline.json").write_text(proc.stdout)
+    assert [r["status"] for r in json.loads(proc.stdout)] == ["pass"] * 3
+    return tmp, selection, cases
+
+
+def junit_cases(path: Path) -> dict:
+    suite = ET.parse(path).getroot()
+    return {(tc.get("classname"), tc.get("name")): [child.tag for child in tc] for tc in suite.iter("testcase")}
+
+
+@pytest.mark.slow
+def test_gate_passes_an_unchanged_build(baseline):
+    tmp, selection, cases = baseline
+    proc = harness(["gate", "--baseline", "baseline.json", *selection, "--junit", "gate.xml"], tmp)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "3 (case, impl) compared" in proc.stdout and "0 regressions, pass (exit 0)" in proc.stdout
+    assert junit_cases(tmp / "gate.xml") == {(IMPL, c): [] for c in cases}
+
+
+@pytest.mark.slow
+def test_gate_fails_a_build_made_worse_and_writes_junit(baseline):
+    tmp, selection, cases = baseline
+    proc = harness(["gate", "--baseline", "baseline.json", *selection, "--junit", "worse.xml"], tmp, worse="0.01")
+    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert proc.stdout.count("REGRESSION") == 3 and "pass -> mismatch" in proc.stdout
+    tcs = junit_cases(tmp / "worse.xml")
+    assert tcs == {(IMPL, c): ["failure"] for c in cases}
+    failure = ET.parse(tmp / "worse.xml").getroot().find("testcase/failure")
+    assert "regression against the baseline: pass -> mismatch" in failure.get("message")
+    assert "output" in failure.text and "ratio" in failure.text  # which tensor, by how much
+
+
+@pytest.mark.slow
+def test_gate_over_stores_and_diff_between_builds(baseline):
+    """--store reads the current build's records; a store .jsonl file serves as the baseline too."""
+    tmp, selection, cases = baseline
+    key = build_key(build_info().torch_version, build_info().torch_git_version, "cpu", "gloo")
+    good_file = tmp / "good" / f"{key}.jsonl"
+    same = harness(["gate", "--baseline", str(good_file), "--store", "good"], tmp)
+    assert same.returncode == 0, same.stdout + same.stderr[-2000:]
+
+    run = harness(["run", *selection, "--store", str(tmp / "bad")], tmp, worse="0.01")
+    assert run.returncode == 1, run.stderr[-3000:]
+    worse = harness(["gate", "--baseline", "baseline.json", "--store", "bad", "--impl", IMPL], tmp)
+    assert worse.returncode == 1 and worse.stdout.count("REGRESSION") == 3, worse.stdout + worse.stderr
+
+    # diff: the worse records under another build's key, beside the good ones in one store.
+    mixed = Store(tmp / "mixed")
+    for r in Store(tmp / "good").read():
+        mixed.append(r)
+    for r in Store(tmp / "bad").read():
+        r.torch_version, r.torch_git_version = "9.9.9+worse", "feedfacefeedface"
+        mixed.append(r)
+    out = harness(["diff", key[:8], "9.9", "--store", "mixed"], tmp)
+    assert out.returncode == 0, out.stderr
+    assert f"A: {key}" in out.stdout and "B: 9.9.9+worse-feedfacefeed-cpu-gloo" in out.stdout
+    assert "new failure (3):" in out.stdout and "3 regressions" in out.stdout
+    fail = harness(["diff", key[:8], "9.9", "--store", "mixed", "--fail-on-regression"], tmp)
+    assert fail.returncode == 1 and fail.stdout == out.stdout
+    data = json.loads(harness(["diff", key, "9.9.9", "--store", "mixed", "--format", "json"], tmp).stdout)
+    assert {(c["case"], c["kind"], c["before"], c["after"]) for c in data["changes"]} == {
+        (c, NEW_FAILURE, "pass", "mismatch") for c in cases}
+    unknown = harness(["diff", "nope", key, "--store", "mixed"], tmp)
+    assert unknown.returncode == 2 and "'nope' matches no build" in unknown.stderr and key in unknown.stderr
+
+
+def test_gate_refuses_a_baseline_with_nothing_in_common(tmp_path):
+    rec = make("numerics/a/ws2", Status.PASS).to_dict()
+    (tmp_path / "base.json").write_text(json.dumps([dict(rec, impl="someone-else")]))
+    store = Store(tmp_path / "s")
+    info = build_info()
+    mine = make("numerics/a/ws2", Status.PASS)
+    mine.torch_version, mine.torch_git_version = info.torch_version, info.torch_git_version
+    store.append(mine)
+    proc = harness(["gate", "--baseline", "base.json", "--store", "s"], tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "share no (case, impl)" in proc.stderr and "someone-else" in proc.stderr
+    missing = harness(["gate", "--baseline", "nope.json", "--store", "s"], tmp_path, timeout=120)
+    assert missing.returncode == 2 and "nope.json" in missing.stderr
+
+
+# --- the comparison rules ---------------------------------------------------------------------------------------
+
+def make(case: str, status: Status, ratio: float = 0.01) -> Record:
+    return Record(case=case, family=case.split("/")[0], params={}, impl="reference", status=status,
+                  torch_version="2.13.0+cpu", torch_git_version="cf30153c4c13",
+                  metrics={"rank0.step0.train.output": Metric(ratio * 1e-6, ratio * 1e-6, 1e-6, ratio),
+                           "rank1.step0.train.grad_input": Metric(1.0, 1.0, 0.0, float("inf") if ratio > 1e9
+                                                                  else ratio / 2)})
+
+
+def test_compare_classifies_every_kind_of_change():
+    before = [make("a/pass-to-crash/ws2", Status.PASS), make("a/fixed/ws2", Status.MISMATCH, 3.0),
+              make("a/crash-to-hang/ws2", Status.CRASH), make("a/grew/ws2", Status.PASS, 0.05),
+              make("a/noise/ws2", Status.PASS, 1e-4), make("a/gone/ws2", Status.PASS)]
+    after = [make("a/pass-to-crash/ws2", Status.CRASH), make("a/fixed/ws2", Status.PASS),
+             make("a/crash-to-hang/ws2", Status.HANG), make("a/grew/ws2", Status.PASS, 0.5),
+             make("a/noise/ws2", Status.PASS, 9e-4), make("a/new/ws2", Status.MISMATCH, 2.0)]
+    changes = {c.case: c for c in compare(before, after)}
+    assert {k: c.kind for k, c in changes.items()} == {
+        "a/pass-to-crash/ws2": NEW_FAILURE, "a/fixed/ws2": FIXED, "a/crash-to-hang/ws2": STATUS_CHANGE,
+        "a/grew/ws2": GROWTH, "a/noise/ws2": SAME, "a/gone/ws2": "only in A", "a/new/ws2": "only in B"}
+    assert {k for k, c in changes.items() if c.regression} == {"a/pass-to-crash/ws2", "a/grew/ws2"}
+    assert "worst err/tol 0.05 -> 0.5 (x10)" in changes["a/grew/ws2"].describe()
+
+
+def test_growth_rule_needs_both_the_factor_and_the_floor():
+    rule = GrowthRule(factor=2.0, floor=0.1)
+    assert rule.grew(0.05, 0.21) and not rule.grew(0.05, 0.19)  # floor: 2 x 0.1
+    assert rule.grew(0.3, 0.61) and not rule.grew(0.3, 0.59)
+    assert rule.grew(None, 0.5) and not rule.grew(0.5, None)
+    assert make("a/x/ws2", Status.MISMATCH, 1e12).worst_ratio == float("inf")
+    # Infinite ratios survive the trip through JSON (as "inf") and still count as the worst.
+    assert Record.from_dict(json.loads(json.dumps(make("a/x/ws2", Status.MISMATCH, 1e12).to_dict()))).worst_ratio \
+        == float("inf")
+
+
+def test_the_gate_fails_when_results_the_baseline_ran_are_missing():
+    baseline = [make(f"a/{i}/ws2", Status.PASS) for i in range(5)] + [make("a/skipped/ws2", Status.SKIPPED)]
+    current = baseline[:2]  # a run that stopped early, or a smaller selection
+    result = evaluate(baseline, current)
+    assert result.exit_code == 1 and not result.regressions
+    assert sorted(c.case for c in result.missing) == ["a/2/ws2", "a/3/ws2", "a/4/ws2"]  # not the skipped one
+    text = format_result(result, "base.json")
+    assert text.count("MISSING") == 3 and "gate: 0 regressions, 3 missing" in text and "(exit 1)" in text
+    assert "--allow-missing" in text
+    rows = {r["name"]: r["outcome"] for r in junit_rows(result)}
+    assert rows["a/3/ws2"] == "failure" and rows["a/skipped/ws2"] == "skipped" and rows["a/0/ws2"] == "pass"
+    allowed = evaluate(baseline, current, allow_missing=True)
+    assert allowed.exit_code == 0
+    assert "3 missing (allowed by --allow-missing)" in format_result(allowed, "base.json")
+
+
+@pytest.mark.slow
+def test_gate_of_a_partial_store_fails_on_the_cli_unless_allowed(baseline):
+    tmp, selection, cases = baseline
+    partial = harness(["run", "--impl", IMPL, "--case", cases[0], "--store", str(tmp / "partial")], tmp)
+    assert partial.returncode == 0, partial.stderr[-2000:]
+    gated = harness(["gate", "--baseline", "baseline.json", "--store", "partial", "--junit", "partial.xml"], tmp)
+    assert gated.returncode == 1, gated.stdout + gated.stderr
+    assert gated.stdout.count("MISSING") == 2 and "0 regressions, 2 missing" in gated.stdout
+    assert sorted(k[1] for k, v in junit_cases(tmp / "partial.xml").items() if v == ["failure"]) == sorted(cases[1:])
+    allowed = harness(["gate", "--baseline", "baseline.json", "--store", "partial", "--allow-missing"], tmp)
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+
+
+def test_a_garbage_baseline_says_what_it_is_not(tmp_path):
+    (tmp_path / "log.txt").write_text("Traceback (most recent call last):\n  boom\n")
+    proc = harness(["gate", "--baseline", "log.txt", "--store", "s"], tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "is not a run's JSON output" in proc.stderr and "dropping" not in proc.stderr
