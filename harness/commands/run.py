@@ -69,10 +69,18 @@ def run(selection, store_dir, resume, fmt, junit, compare, verbose):
         next_steps(records, selection, err=fmt == "json")
 
     with Progress(total, enabled=wanted(sys.stderr, fmt)) as bar:
+        announced: set = set()
+
         def on_record(record):
             bar.update(record)
-            if fmt == "json" or record.status == Status.PASS or (bar.enabled and not record.ran):
+            if fmt == "json" or record.status == Status.PASS:
                 return  # the progress line counts these; log lines are for what needs a look
+            if not record.ran:  # one line per implementation that cannot run here, not one per record
+                key = (record.impl, record.status, record.message)
+                if key not in announced:
+                    announced.add(key)
+                    bar.write(f"{record.status.value:<14} {record.impl}: {record.message}")
+                return
             bar.write(f"{record.label:<14} {record.case}  [{record.impl}]"
                       + (f"  {record.message.splitlines()[0][:160]}" if record.message else ""))
 

@@ -270,3 +270,25 @@ def test_check_under_sigterm_is_untestable_and_leaves_no_rank(tmp_path):
     assert code == 125, err
     assert "check: terminated; cannot test" in err
     assert wait_until(lambda: not any(alive(p) for p in ranks), timeout=5)
+
+
+@pytest.mark.slow
+def test_a_run_log_names_an_implementation_that_cannot_run_once(tmp_path):
+    """Off a terminal, a skipped implementation is one line of the log, not one per case."""
+    from harness.impls.apex import probe
+
+    if probe().kind in ("fallback", "optimized"):
+        pytest.skip("apex is installed here: its records run instead of being skipped")
+    proc = harness("run", "--impl", "apex", "--case", "numerics/*", "--device", "cpu", "--store", str(tmp_path / "s"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    n = len(catalog.select(["numerics/*"]))
+    assert proc.stderr.count("apex not installed") == 1, proc.stderr
+    assert proc.stdout.count("apex not installed") == 1 and f"apex: {n} skipped: apex not installed" in proc.stdout
+
+
+@pytest.mark.parametrize("command", [["report", "--out", "out"], ["diff", "a", "b"]])
+def test_an_empty_store_is_a_usage_error_everywhere(tmp_path, command):
+    (tmp_path / "empty").mkdir()
+    proc = harness(*command, "--store", str(tmp_path / "empty"), timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "holds no" in proc.stderr and "syncbn-harness run --store" in proc.stderr
