@@ -12,4 +12,6 @@ FAMILY_MODULES = (
     "module_config",
     "process_group",
     "numerics",
+    "training_loop",
+    "ddp",
 )

@@ -7,9 +7,17 @@ every process, on CPU, and rounds them to the case's dtypes. The oracle and
 every rank therefore see the same inputs without sending them anywhere.
 
 Per step and rank, the input has shape ``(batch_sizes[r], channels,
-*spatial[r])`` and the upstream gradient the same shape. The gradient is laid
-out in ``grad_memory_format`` (default: the input's), so cases can hand an
+*spatial[r])`` (``step_batch_sizes[s][r]`` when the batch size changes between
+steps) and the upstream gradient the same shape. The gradient is laid out in
+``grad_memory_format`` (default: the input's), so cases can hand an
 implementation a gradient whose layout differs from its input's.
+
+Steps (:data:`STEP_KINDS`): ``train`` (forward, backward), ``eval``
+(forward, backward with the running statistics), ``fwd`` (a training forward
+whose backward comes with the next ``train`` step: two forwards, one backward
+of the sum), ``nograd`` (a training forward under ``torch.no_grad()``),
+``eval-rank0`` (rank 0 alone evaluates while the others wait, as validation on
+one rank does).
 """
 
 from __future__ import annotations
@@ -19,6 +27,10 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
 import torch
+
+# Step kind -> what the normalization does in it: "train" (batch statistics, synchronized) or "eval".
+STEP_KINDS = {"train": "train", "fwd": "train", "nograd": "train", "eval": "eval", "eval-rank0": "eval"}
+INPUT_LAYOUTS = ("dense", "permuted", "sliced")
 
 DTYPES = {
     "float16": torch.float16,
@@ -57,6 +69,10 @@ class Case:
     constant_channels: tuple[int, ...] = ()  # channels whose input is constant (zero variance)
     model: Optional[str] = None  # "nested": the layer sits in a nested model converted by the implementation
     scenario: str = "layer"  # what a rank does with the case (a module of harness.scenarios)
+    step_batch_sizes: Optional[tuple[tuple[int, ...], ...]] = None  # per step and rank, when sizes change
+    input_layout: str = "dense"  # "permuted" / "sliced": the input is a view dense in no memory format
+    optimizer: Optional[str] = None  # model scenarios: "sgd" (with momentum) or "adam"
+    ddp: tuple[str, ...] = ()  # model scenarios under DistributedDataParallel: its flags (see scenarios.model)
     seed: int = -1  # -1: derived from the id, so a case's data never changes with catalog order
     default: bool = True  # in the default selection (else only with --exhaustive)
     note: str = ""
@@ -70,6 +86,16 @@ class Case:
             raise ValueError(f"case {self.id}: dtype must be one of {sorted(DTYPES)}")
         if self.memory_format not in MEMORY_FORMATS:
             raise ValueError(f"case {self.id}: memory_format must be one of {sorted(MEMORY_FORMATS)}")
+        if any(k not in STEP_KINDS for k in self.steps):
+            raise ValueError(f"case {self.id}: steps are {', '.join(STEP_KINDS)}, got {self.steps}")
+        if self.steps and self.steps[-1] == "fwd" or any(a == "fwd" and b != "train"
+                                                          for a, b in zip(self.steps, self.steps[1:])):
+            raise ValueError(f"case {self.id}: a 'fwd' step must be followed by the 'train' step of its backward")
+        if self.step_batch_sizes is not None and (len(self.step_batch_sizes) != len(self.steps) or any(
+                len(b) != len(self.batch_sizes) for b in self.step_batch_sizes)):
+            raise ValueError(f"case {self.id}: step_batch_sizes needs one size per rank for every step")
+        if self.input_layout not in INPUT_LAYOUTS:
+            raise ValueError(f"case {self.id}: input_layout must be one of {INPUT_LAYOUTS}")
         if not self.id.startswith(self.family + "/"):
             raise ValueError(f"case id {self.id!r} must start with its family {self.family!r}/")
         if self.seed < 0:
@@ -106,7 +132,15 @@ class Case:
             "seed": self.seed,
             "model": self.model,
             "scenario": self.scenario,
+            "step_batch_sizes": [list(b) for b in self.step_batch_sizes] if self.step_batch_sizes else None,
+            "input_layout": self.input_layout,
+            "optimizer": self.optimizer,
+            "ddp": list(self.ddp),
         }
+
+    def sizes_at(self, step: int) -> tuple[int, ...]:
+        """Every rank's batch size at ``step``."""
+        return self.step_batch_sizes[step] if self.step_batch_sizes else self.batch_sizes
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,9 +149,11 @@ class Case:
     def from_dict(cls, d: dict) -> "Case":
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
-        for key in ("batch_sizes", "steps", "constant_channels"):
+        for key in ("batch_sizes", "steps", "constant_channels", "ddp"):
             if key in kw:
                 kw[key] = tuple(kw[key])
+        if kw.get("step_batch_sizes") is not None:
+            kw["step_batch_sizes"] = tuple(tuple(b) for b in kw["step_batch_sizes"])
         kw["spatial"] = tuple(tuple(s) for s in kw["spatial"])
         if kw.get("groups") is not None:
             kw["groups"] = tuple(tuple(g) for g in kw["groups"])
@@ -161,9 +197,9 @@ def materialize(case: Case) -> CaseData:
     running_mean = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.1).to(pdtype)
     running_var = (torch.rand(C, generator=gen, dtype=torch.float64) * 0.5 + 0.75).to(pdtype)
     inputs, grads = [], []
-    for _ in case.steps:
+    for s in range(len(case.steps)):
         xs, gs = [], []
-        for n, sp in zip(case.batch_sizes, case.spatial):
+        for n, sp in zip(case.sizes_at(s), case.spatial):
             shape = (n, C, *sp)
             bshape = (1, C) + (1,) * len(sp)
             z = torch.randn(shape, generator=gen, dtype=torch.float64)

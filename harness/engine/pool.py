@@ -91,7 +91,7 @@ class Pool:
         self.logdir = Path(tempfile.mkdtemp(prefix=f"syncbn-pool-ws{self.world_size}-"))
         self._store = dist.TCPStore("127.0.0.1", 0, self.world_size + 1, True, wait_for_workers=False,
                                     timeout=timedelta(self.start_timeout))
-        ctx = mp.get_context("spawn")
+        ctx = start_context()
         try:
             with _children_ignore_sigint():
                 self._spawn(ctx)
@@ -106,7 +106,7 @@ class Pool:
             proc = ctx.Process(
                 target=rank_main,
                 args=(rank, self.world_size, self._store.port, child_end, str(self.logdir / f"rank{rank}.log"),
-                      os.getpid(), self.backend, self.device, self.setup_impls),
+                      os.getpid(), self.backend, self.device, self.setup_impls, dict(os.environ)),
                 name=f"syncbn-rank{rank}", daemon=True)
             proc.start()
             child_end.close()
@@ -254,6 +254,31 @@ class Pool:
         if self.logdir is None:
             return ""
         return read_from(self.logdir / f"rank{r}.log", 0)[-limit:]
+
+
+# What a rank imports anyway, imported once in the forkserver so that every fork has it already.
+PRELOAD = ("harness.engine.rank", "harness.scenarios.layer", "harness.scenarios.model", "harness.impls.reference",
+           "harness.impls.torch_native", "harness.impls.torch_emulation", "harness.impls.apex",
+           "harness.impls.plugin", "torch.distributed.nn.functional",
+           "torch.fx.experimental.symbolic_shapes")  # the first backward imports it (and sympy): 0.8 s
+
+
+def start_context():
+    """How rank processes are started: forked from a forkserver that has torch imported, where there is one.
+
+    Restarting a pool after a failure (a crash, a hang) then costs a fork per rank, not a new interpreter
+    importing torch (seconds of CPU per rank on a small machine). ``SYNCBN_HARNESS_START_METHOD=spawn``
+    forces fresh interpreters. Either way a rank gets the parent's environment of the moment (not the
+    forkserver's), see :func:`harness.engine.rank.rank_main`.
+    """
+    method = os.environ.get("SYNCBN_HARNESS_START_METHOD") or (
+        "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+    if method not in ("forkserver", "spawn"):
+        raise HarnessError(f"SYNCBN_HARNESS_START_METHOD={method!r}: use forkserver or spawn")
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
 
 
 @contextlib.contextmanager

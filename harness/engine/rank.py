@@ -33,6 +33,7 @@ import time
 import traceback
 
 from harness.catalog.case import Case
+from harness.engine.collectives import begin_task, install_recorder
 from harness.engine.messages import RankResult, Task
 from harness.impls.registry import resolve
 from harness.results.records import RankStatus
@@ -87,6 +88,7 @@ def run_task(ctx: RankContext, task: Task, scenario=None) -> RankResult:
     """
     t0 = time.perf_counter()
     result = RankResult(rank=ctx.rank)
+    begin_task()
     try:
         case = Case.from_dict(task.case)
         impl = ctx.impl(task.impl, task.device)
@@ -111,8 +113,12 @@ def run_task(ctx: RankContext, task: Task, scenario=None) -> RankResult:
 # ---------------------------------------------------------------------- the rank process
 
 
-def die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when the parent dies: prctl where available, and a polling thread."""
+def die_with_parent(harness_pid: int) -> None:
+    """SIGKILL this process when the harness dies.
+
+    PR_SET_PDEATHSIG covers the process that started this one (the harness, or its forkserver, which exits
+    with the harness); a thread also polls the harness's pid, which covers both.
+    """
     import ctypes
     import threading
 
@@ -121,12 +127,22 @@ def die_with_parent(parent_pid: int) -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
         pass
-    if os.getppid() != parent_pid:
+
+    def gone() -> bool:
+        try:
+            os.kill(harness_pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    if gone():
         os._exit(70)
 
     def watch():
         while True:
-            if os.getppid() != parent_pid:
+            if gone():
                 os._exit(70)
             time.sleep(PARENT_POLL_S)
 
@@ -138,19 +154,28 @@ def timedelta(seconds: float) -> datetime.timedelta:
 
 
 def rank_main(rank: int, world_size: int, port: int, conn, log_path: str, parent_pid: int, backend: str,
-              device: str, setup_impls: tuple) -> None:
-    """Entry point of a pool's rank process (spawned): join, prepare, then serve tasks until told to stop."""
+              device: str, setup_impls: tuple, environ: dict) -> None:
+    """Entry point of a pool's rank process: join, prepare, then serve tasks until told to stop.
+
+    ``environ`` is the parent's environment when it started the pool (a forked rank would otherwise have its
+    forkserver's, from whenever that started); its ``PYTHONPATH`` entries go first on ``sys.path``.
+    """
+    import sys
+
     from harness.engine import RENDEZVOUS_ENV
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent(parent_pid)
+    os.environ.clear()
+    os.environ.update(environ)
     for var in RENDEZVOUS_ENV:
         os.environ.pop(var, None)
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
+    sys.path[:0] = extra
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     import faulthandler
-    import sys
 
     logfile = open(log_path, "a", buffering=1)
     sys.stdout = sys.stderr = logfile
@@ -164,6 +189,7 @@ def rank_main(rank: int, world_size: int, port: int, conn, log_path: str, parent
         store = dist.TCPStore("127.0.0.1", port, world_size + 1, False, timeout=timedelta(START_TIMEOUT_S))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(START_TIMEOUT_S))
+        install_recorder()
         ctx = RankContext(rank, world_size)
         for key in setup_impls:
             ctx.impl(key, device)

@@ -85,7 +85,7 @@ class Session:
         opts = self.opts
         if impl.name in self.unavailable:
             return self._record(case, impl, Status.SKIPPED, self.unavailable[impl.name])
-        reason = impl.unsupported_reason(case, opts.device)
+        reason = unsupported_reason(case, impl, opts.device)
         if reason:
             return self._record(case, impl, Status.UNSUPPORTED, reason)
         pool = self.pools.get(case.world_size)
@@ -109,6 +109,17 @@ class Session:
                 pool.kill()
             else:
                 pool.close()
+
+
+def unsupported_reason(case, impl, device: str) -> Optional[str]:
+    """Why ``impl`` cannot run ``case`` here: its declared capabilities, then the case's scenario."""
+    from harness.scenarios import module as scenario
+
+    reason = impl.unsupported_reason(case, device)
+    if reason:
+        return reason
+    check = getattr(scenario(case.scenario), "unsupported_reason", None)
+    return check(case, impl, device) if check else None
 
 
 def run_selection(cases: list, impls: list, opts: RunOptions, info: Optional[BuildInfo] = None,

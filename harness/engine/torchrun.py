@@ -50,6 +50,7 @@ from typing import Callable, Optional
 
 from harness.engine import assemble
 from harness.engine.attribution import Observation, attribute
+from harness.engine.collectives import install_recorder
 from harness.engine.messages import RankResult, Task
 from harness.engine.rank import RankContext, run_task, timedelta
 from harness.errors import ImplUnavailable
@@ -115,6 +116,7 @@ class Job:
         self._emit: Callable[[Record], None] = lambda r: None
         self._abort: Callable[[list[Record]], None] = lambda rs: None
         self._fault_dir: Optional[Path] = None
+        self.terminating = False  # torchrun is stopping the job (SIGTERM): finish the case in flight at once
 
     @property
     def is_writer(self) -> bool:
@@ -146,6 +148,9 @@ class Job:
     # ------------------------------------------------------------------ the main thread
 
     def _main(self) -> None:
+        from harness.engine.session import unsupported_reason
+
+        install_recorder()
         ctx = RankContext(self.rank, self.world)
         unavailable = self._exchange_availability()
         for impl in self.impls:
@@ -156,7 +161,7 @@ class Job:
             for impl in self.impls:
                 reason, status = unavailable.get(impl.name), Status.SKIPPED
                 if reason is None:
-                    reason, status = impl.unsupported_reason(case, self.opts.device), Status.UNSUPPORTED
+                    reason, status = unsupported_reason(case, impl, self.opts.device), Status.UNSUPPORTED
                 if reason:
                     if self.is_writer:
                         self._finish(assemble.not_run(case, impl, self.info, self.opts.device,
@@ -232,9 +237,16 @@ class Job:
                 terminated = signal.sigtimedwait({signal.SIGTERM}, HEARTBEAT_S) is not None
                 with self._lock:
                     c = self._case
-                if c is None or c.returned:
+                if terminated:
+                    self.terminating = True
+                if c is None:
                     if terminated:
                         os._exit(1)  # between cases: nothing of ours is in flight
+                    continue
+                if c.returned:
+                    if terminated:  # the main thread finishes the case (quickly now); then, or anyway, leave
+                        time.sleep(PEER_GRACE_S + DUMP_GRACE_S + 2 * DEAD_AFTER_S + 5)
+                        os._exit(1)
                     continue
                 if terminated or c.stuck():
                     c.set("silent", self.rank, _own_stacks())
@@ -336,7 +348,8 @@ class _Case:
             if failure_at is None and (dead - {r for r, v in results.items() if v is not None} or any(
                     v is not None and v.get("status") == RankStatus.ERROR.value for v in results.values())):
                 failure_at = now
-            if now >= self.deadline or (failure_at is not None and now - failure_at >= PEER_GRACE_S):
+            if now >= self.deadline or self.job.terminating or (failure_at is not None
+                                                                 and now - failure_at >= PEER_GRACE_S):
                 stuck = True
                 break
             time.sleep(POLL_S)

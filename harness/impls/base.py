@@ -12,6 +12,7 @@ reason from :meth:`Impl.unsupported_reason`, never silently dropped.
 from __future__ import annotations
 
 import abc
+import contextlib
 from dataclasses import dataclass
 from typing import Optional
 
@@ -107,8 +108,14 @@ class Impl(abc.ABC):
         raise ImplUnavailable(f"{self.name} has no model conversion (its capabilities say convert=False)")
 
     def forward(self, module, input):
-        """Call the module (adapters may wrap the call, e.g. in a context)."""
+        """Call the module, or a whole model containing it (adapters may wrap the call, e.g. in a context)."""
         return module(input)
+
+    def ddp_guard(self):
+        """A context in which ``DistributedDataParallel`` may wrap a model of this implementation's layers."""
+        return contextlib.nullcontext()
+
+    ddp_note: Optional[str] = None  # what ddp_guard changed, for the records' mode
 
     def describe(self) -> dict:
         """Name, mode, version, availability and capabilities, for ``list impls``."""

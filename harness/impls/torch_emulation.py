@@ -227,3 +227,36 @@ class FunctionDriven(torch.nn.SyncBatchNorm):
                                 self.eps)
         return SyncBNFunction.apply(input, self.weight, self.bias, running_mean, running_var, self.eps, factor,
                                     group, world_size)
+
+
+DDP_CHECK_TEXT = "SyncBatchNorm layers only work with GPU modules"
+
+
+@contextlib.contextmanager
+def ddp_accepts_cpu_syncbn():
+    """While DDP wraps a model, its refusal of ``torch.nn.SyncBatchNorm`` layers in CPU modules is skipped.
+
+    ``DistributedDataParallel._passing_sync_batchnorm_handle`` raises for any
+    SyncBatchNorm in a CPU module; in cpu-emulation the layers run on CPU on
+    purpose. Only that method is replaced, only for the block, and only if its
+    source is the check it is known to be (anything else is left to raise).
+    Everything else DDP does (init sync, reducer, buffer broadcast) is real.
+    """
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    original = DDP.__dict__.get("_passing_sync_batchnorm_handle")
+    if original is None:
+        yield
+        return
+    try:
+        source = inspect.getsource(original)
+    except (OSError, TypeError):
+        source = ""
+    if DDP_CHECK_TEXT not in source:
+        raise ImplUnavailable(f"torch {torch.__version__}'s DistributedDataParallel checks SyncBatchNorm in a way "
+                              "the cpu-emulation does not know; run DDP cases with --device cuda")
+    DDP._passing_sync_batchnorm_handle = lambda self, module: None
+    try:
+        yield
+    finally:
+        DDP._passing_sync_batchnorm_handle = original

@@ -71,6 +71,15 @@ class TorchImpl(Impl):
                     m.__class__ = FunctionDriven  # same state; forward drives torch's Function directly
         return converted
 
+    def ddp_guard(self):
+        """In cpu-emulation, DDP's refusal of SyncBatchNorm in CPU modules is skipped while it wraps the model."""
+        if self.mode == "cpu-emulation":
+            from harness.impls import torch_emulation
+
+            self.ddp_note = "DDP's CPU SyncBatchNorm check skipped"
+            return torch_emulation.ddp_accepts_cpu_syncbn()
+        return super().ddp_guard()
+
     def forward(self, module, input):
         if input.device.type == "cpu" and self.mode == "cpu-emulation" and self.path == "module":
             from harness.impls.torch_emulation import privateuse1_answers_cpu

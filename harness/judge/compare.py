@@ -147,7 +147,12 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict]) -> lis
 
     ``observed[s]`` holds ``output``, ``grad_input``, ``grad_weight``,
     ``grad_bias``, ``running_mean``, ``running_var``, ``num_batches_tracked``
-    (tensors or None) after step ``s``.
+    (tensors or None) after step ``s``, or is None where the rank took no part
+    in the step. ``grads`` says whose gradients it holds: ``own`` (its
+    backward), ``none`` (no backward), ``deferred`` (the parameters' come with
+    a later step), ``accumulated`` (the parameters' are the sum over
+    ``grad_steps``). ``layout_checked`` False: the input was a view dense in no
+    memory format, so no output layout is required.
     """
     b = Budget(case)
     fmt = MEMORY_FORMATS[case.memory_format]
@@ -156,6 +161,7 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict]) -> lis
     bias = data.bias.double() if case.affine else torch.zeros(case.channels, dtype=torch.float64)
     train_steps = 0
     rm_tol = rv_tol = None  # unscaled running-statistics budgets, carried across steps
+    shares: list = []  # per step: this rank's true grad_weight/grad_bias shares and their unscaled budgets
     for s, (truth, obs) in enumerate(zip(truths, observed)):
         x = data.inputs[s][rank].double()
         dy = data.grad_outputs[s][rank].double()
@@ -163,6 +169,11 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict]) -> lis
         train = truth.kind == "train"
         sf = b.stats_factor(mu, invstd)
         g_N = gamma(N) if train else 1.0
+        if case.affine:
+            shares.append((truth.grad_weight[rank], truth.grad_bias[rank],
+                           b.grad_weight_share(x, dy, mu, invstd, g_N), b.grad_bias_share(x, dy)))
+        if obs is None:
+            continue  # this rank takes no part in the step (evaluation on rank 0 alone)
         xhat = (x - _chan(mu, x)) * _chan(invstd, x)
         y = truth.output[rank]
         tol_y = (b.u_in * (y.abs() + _chan(w.abs(), x) * xhat.abs() + _chan(bias.abs(), x))
@@ -171,27 +182,33 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict]) -> lis
             # Eval normalizes with the implementation's running statistics: carry their budget.
             tol_y = tol_y + _chan(w.abs() * invstd * (rm_tol + 0.5 * rv_tol * invstd), x) * (1 + xhat.abs())
         tag = f"step{s}.{truth.kind}"
-        out.append((f"{tag}.output", compare_tensor(obs["output"], y, K * tol_y, dtype=b.dtype, memory_format=fmt)))
-        if x.numel():
-            # Means over the group (the normalization's N), taken from this rank's share as an estimate.
-            mean_abs_dy = dy.abs().mean(dim=_dims(x))
-            mean_abs_dyx = (dy * xhat).abs().mean(dim=_dims(x))
-        else:
-            mean_abs_dy = mean_abs_dyx = torch.zeros(case.channels, dtype=torch.float64)
-        D = dy.abs() + _chan(mean_abs_dy, x) + xhat.abs() * _chan(mean_abs_dyx, x)
-        tol_dx = ((b.u_in + b.u_a * g_N * _chan(sf, x)) * _chan(w.abs() * invstd, x) * D
-                  + b.u_in * truth.grad_input[rank].abs())
-        if not train and rm_tol is not None:
-            tol_dx = tol_dx + _chan(w.abs() * 0.5 * rv_tol * invstd ** 3, x) * dy.abs()
-        out.append((f"{tag}.grad_input", compare_tensor(obs["grad_input"], truth.grad_input[rank], K * tol_dx,
-                                                         dtype=b.dtype)))
-        if case.affine:
-            tol_gw = b.grad_weight_share(x, dy, mu, invstd, g_N) + b.u_p * truth.grad_weight[rank].abs()
-            tol_gb = b.grad_bias_share(x, dy) + b.u_p * truth.grad_bias[rank].abs()
-            out.append((f"{tag}.grad_weight", compare_tensor(obs["grad_weight"], truth.grad_weight[rank], K * tol_gw,
+        expected_format = fmt if obs.get("layout_checked", True) else None
+        out.append((f"{tag}.output", compare_tensor(obs["output"], y, K * tol_y, dtype=b.dtype,
+                                                     memory_format=expected_format)))
+        grads = obs.get("grads", "own")  # own | none (no backward) | deferred (a later step's) | accumulated
+        if grads != "none":
+            if x.numel():
+                # Means over the group (the normalization's N), taken from this rank's share as an estimate.
+                mean_abs_dy = dy.abs().mean(dim=_dims(x))
+                mean_abs_dyx = (dy * xhat).abs().mean(dim=_dims(x))
+            else:
+                mean_abs_dy = mean_abs_dyx = torch.zeros(case.channels, dtype=torch.float64)
+            D = dy.abs() + _chan(mean_abs_dy, x) + xhat.abs() * _chan(mean_abs_dyx, x)
+            tol_dx = ((b.u_in + b.u_a * g_N * _chan(sf, x)) * _chan(w.abs() * invstd, x) * D
+                      + b.u_in * truth.grad_input[rank].abs())
+            if not train and rm_tol is not None:
+                tol_dx = tol_dx + _chan(w.abs() * 0.5 * rv_tol * invstd ** 3, x) * dy.abs()
+            out.append((f"{tag}.grad_input", compare_tensor(obs["grad_input"], truth.grad_input[rank], K * tol_dx,
+                                                             dtype=b.dtype)))
+        if case.affine and grads in ("own", "accumulated"):
+            steps = obs.get("grad_steps") or [s]
+            true_gw = sum(shares[i][0] for i in steps)
+            true_gb = sum(shares[i][1] for i in steps)
+            tol_gw = sum(shares[i][2] for i in steps) + b.u_p * true_gw.abs()
+            tol_gb = sum(shares[i][3] for i in steps) + b.u_p * true_gb.abs()
+            out.append((f"{tag}.grad_weight", compare_tensor(obs["grad_weight"], true_gw, K * tol_gw,
                                                               dtype=b.pdtype)))
-            out.append((f"{tag}.grad_bias", compare_tensor(obs["grad_bias"], truth.grad_bias[rank], K * tol_gb,
-                                                            dtype=b.pdtype)))
+            out.append((f"{tag}.grad_bias", compare_tensor(obs["grad_bias"], true_gb, K * tol_gb, dtype=b.pdtype)))
         if case.track_running_stats:
             if train:
                 train_steps += 1

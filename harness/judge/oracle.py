@@ -6,7 +6,8 @@ closed-form batch-norm formulas over the *global* batch: each process group's
 ranks' inputs taken together, per channel, over every rank's (N, spatial)
 elements. Ranks may differ in batch size (including 0) and in spatial size.
 
-Per step of a case:
+Per step of a case (``fwd`` and ``nograd`` steps normalize as ``train`` does,
+``eval-rank0`` as ``eval``):
 - ``train``: batch statistics of the group; running_mean/running_var updated
   with ``momentum`` (or the cumulative average when ``momentum`` is None) and
   the *unbiased* variance of the global count; num_batches_tracked += 1.
@@ -25,6 +26,8 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import torch
+
+from harness.catalog.case import STEP_KINDS
 
 Tensor = torch.Tensor
 
@@ -122,9 +125,10 @@ def run_oracle(
     nbt = [0] * world if track_running_stats else [None] * world
 
     truths = []
-    for s, kind in enumerate(steps):
-        if kind not in ("train", "eval"):
-            raise ValueError(f"unknown step {kind!r}: steps are 'train' or 'eval'")
+    for s, step in enumerate(steps):
+        if step not in STEP_KINDS:
+            raise ValueError(f"unknown step {step!r}: steps are {', '.join(STEP_KINDS)}")
+        kind = STEP_KINDS[step]  # what the normalization does: batch statistics ("train") or running ones
         xs, dys = inputs[s], grad_outputs[s]
         out: list = [None] * world
         gin: list = [None] * world

@@ -48,6 +48,8 @@ PARTS = (
     ("harness.judge.oracle", None),
     ("harness.judge.compare", None),
     ("harness.engine.messages", None),
+    ("harness.engine.collectives", None),
+    ("harness.judge.invariants", None),
     ("harness.engine.rank", ("RankContext", "run_task")),
     ("harness.impls.base", ("construct_like_syncbn",)),
     ("harness.impls.apex", ("construct_apex", "convert_apex", "apex_forward")),
@@ -127,7 +129,8 @@ def harness_source(case: Case) -> str:
     """The copied code: imports first (deduplicated), then every part, then the launcher."""
     imports: list[str] = []
     blocks: list[str] = []
-    parts = list(PARTS[:6]) + [(f"harness.scenarios.{case.scenario}", None)] + list(PARTS[6:]) + [(LAUNCHER, None)]
+    cut = len(PARTS) - 3  # the scenario's rank code after what it uses, before the rank loop and adapters
+    parts = list(PARTS[:cut]) + [(f"harness.scenarios.{case.scenario}", None)] + list(PARTS[cut:]) + [(LAUNCHER, None)]
     for module_name, only in parts:
         imp, blk = _segments(module_name, only)
         path = module_name.replace(".", "/") + ".py"

@@ -26,6 +26,7 @@ import time
 import torch
 
 from harness.catalog.case import Case
+from harness.engine.collectives import install_recorder
 from harness.engine.messages import RankResult, Task
 from harness.engine.rank import RankContext, run_task
 from harness.impls.apex import apex_forward, construct_apex, convert_apex
@@ -111,6 +112,7 @@ class ReproContext(RankContext):
 
 
 def one_rank(rank: int, world_size: int) -> RankResult:
+    install_recorder()
     if DEVICE == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
     task = Task(case=CASE.to_dict(), impl=IMPL_NAME, device=DEVICE)

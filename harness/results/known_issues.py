@@ -37,7 +37,7 @@ REQUIRED = ("impl", "cases", "torch", "status", "link")
 class KnownIssue:
     """One entry of the known-issues file: which (impl, cases, torch versions) fail how, and where it is tracked."""
 
-    impl: str
+    impl: tuple[str, ...]  # shell-style patterns over implementation names ("*": every implementation)
     cases: tuple[str, ...]
     torch: SpecifierSet
     status: tuple[str, ...]
@@ -45,7 +45,8 @@ class KnownIssue:
     note: str = ""
 
     def covers(self, impl: str, case: str, version: Version) -> bool:
-        return (self.impl == impl and any(fnmatch.fnmatchcase(case, p) for p in self.cases)
+        return (any(fnmatch.fnmatchcase(impl, p) for p in self.impl) and any(fnmatch.fnmatchcase(case, p)
+                                                                            for p in self.cases)
                 and self.torch.contains(version, prereleases=True))
 
 
@@ -81,7 +82,8 @@ def load(path: Optional[str] = None) -> tuple[KnownIssue, ...]:
                 raise UsageError(f"{p}: issue #{i + 1} status {s!r} is not one of "
                                  f"{', '.join(x.value for x in Status)}") from None
         patterns = e["cases"] if isinstance(e["cases"], list) else [e["cases"]]
-        entries.append(KnownIssue(impl=e["impl"], cases=tuple(patterns), torch=spec, status=tuple(statuses),
+        impls = e["impl"] if isinstance(e["impl"], list) else [e["impl"]]
+        entries.append(KnownIssue(impl=tuple(impls), cases=tuple(patterns), torch=spec, status=tuple(statuses),
                                   link=e["link"], note=" ".join(str(e.get("note", "")).split())))
     return tuple(entries)
 

@@ -10,12 +10,17 @@ A scenario module has two functions:
   rank's result (sums of per-rank shares, invariants across ranks), as
   ``(name, Metric)`` pairs.
 
-- :mod:`~harness.scenarios.layer`: one SyncBN layer (or a converted nested model's layer), step by step.
+An optional third, ``unsupported_reason(case, impl, device)``, says why a
+build cannot run a case at all (the record is then ``unsupported``).
+
+- :mod:`~harness.scenarios.layer`: one SyncBN layer (or a converted nested model's layer), step by step;
+- :mod:`~harness.scenarios.model`: SyncBN inside a small network, optionally under DDP and an optimizer
+  (the networks and their float64 oracle in :mod:`~harness.scenarios.networks`).
 """
 
 import importlib
 
-SCENARIOS = ("layer",)
+SCENARIOS = ("layer", "model")
 
 
 def module(name: str):

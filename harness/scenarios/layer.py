@@ -2,32 +2,48 @@
 
 Per rank: regenerate the case's inputs from its seed, compute the float64
 oracle, build the implementation's module (or convert a nested model of plain
-BatchNorms and take its layer, ``case.model == "nested"``), run each step
-(train or eval: forward, backward with the case's upstream gradient), and
+BatchNorms and take its layer, ``case.model == "nested"``), run each step and
 compare the output, grad_input, grad_weight and grad_bias shares, running
-statistics and num_batches_tracked of every step with the oracle.
+statistics and num_batches_tracked of every step with the oracle. Steps
+(``Case.steps``): ``train`` and ``eval`` (forward, then backward with the
+case's upstream gradient); ``fwd`` (a training forward whose backward comes
+with the next ``train`` step: two forwards, one backward of both, as a GAN
+discriminator does); ``nograd`` (a training forward under
+``torch.no_grad()``); ``eval-rank0`` (rank 0 alone evaluates while the others
+wait: no collective is allowed there, and one raises at once instead of
+hanging the peers). The input may be a view dense in no memory format
+(``Case.input_layout``: permuted or sliced); whatever it is, forward must
+leave it bitwise untouched and return an output that does not alias it.
+Every collective the implementation issues is recorded per step; an eval
+step that issues one is a mismatch.
 
 Across ranks (in the parent): the sum over ranks of the grad_weight and
-grad_bias shares against the oracle's sum, which is what DDP will use.
+grad_bias shares against the oracle's sum (what DDP will use), and every
+group's running statistics and num_batches_tracked, which must be bitwise the
+same on every rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from typing import Optional
 
 import torch
 
-from harness.catalog.case import DTYPES, Case, materialize
+from harness.catalog.case import DTYPES, STEP_KINDS, Case, materialize
+from harness.engine.collectives import forbid_collectives, mark_step, recorded, short_call
 from harness.judge.compare import judge_rank, judge_sums, sum_tolerance
+from harness.judge.invariants import bits, compare_across
 from harness.judge.metric import Metric
 from harness.judge.oracle import run_oracle
 
 TENSORS = ("output", "grad_input", "grad_weight", "grad_bias", "running_mean", "running_var")
+BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 
 
 def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[str] = None) -> None:
-    """Run ``case`` with ``impl`` on this rank and fill ``result`` (metrics, grad shares, comparison)."""
+    """Run ``case`` with ``impl`` on this rank and fill ``result`` (metrics, what the parent judges across ranks)."""
     rank = ctx.rank
     torch.manual_seed(case.seed)
     data = materialize(case)
@@ -38,35 +54,104 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         running_mean=data.running_mean, running_var=data.running_var, groups=case.groups)
     group = ctx.process_group(case)
     observed, convert_problems = run_steps(case, impl, device, rank, data, group)
+    calls = recorded()
+    result.collectives = calls
+    result.across["buffers"] = {str(s): {name: obs[f"{name}_bits"] for name in BUFFERS}
+                                for s, obs in enumerate(observed) if obs is not None}
     if case.affine:
-        result.across["shares"] = {str(s): {which: _as_list(obs[which], case.channels)
-                                            for which in ("grad_weight", "grad_bias")}
-                                   for s, obs in enumerate(observed)}
+        judged = {s: obs.get("grad_steps") or [s] for s, obs in enumerate(observed)
+                  if obs is not None and obs.get("grads", "own") in ("own", "accumulated")}
+        result.across["shares"] = {str(s): {which: _as_list(observed[s][which], case.channels)
+                                            for which in ("grad_weight", "grad_bias")} for s in judged}
         if rank == 0:
             result.across["sum_truth"] = {
-                str(s): {which: {"true": getattr(truths[s], f"{which}_sum").tolist(),
-                                 "tol": sum_tolerance(case, data, truths, s, which).tolist()}
+                str(s): {which: {"true": sum(getattr(truths[i], f"{which}_sum") for i in steps).tolist(),
+                                 "tol": sum(sum_tolerance(case, data, truths, i, which) for i in steps).tolist()}
                          for which in ("grad_weight", "grad_bias")}
-                for s in range(len(observed))}
+                for s, steps in judged.items()}
     if compare_with:
         result.compare = compare_implementations(ctx, case, compare_with, device, data, group, observed)
     metrics = judge_rank(case, rank, data, truths, observed)
     metrics += [(f"convert.{i}", Metric.failure(p)) for i, p in enumerate(convert_problems)]
+    for s, obs in enumerate(observed):
+        if obs is None:
+            continue
+        tag = f"step{s}.{STEP_KINDS[case.steps[s]]}"
+        metrics += [(f"{tag}.input", Metric.failure(p)) for p in obs["input_problems"]]
+        in_eval = [c for c in calls if c.get("step") == s]
+        if STEP_KINDS[case.steps[s]] == "eval" and in_eval:
+            metrics.append((f"{tag}.collectives", Metric.failure(
+                f"eval issued {len(in_eval)} collective(s), first {short_call(in_eval[0])}: evaluation uses the "
+                "running statistics and must not synchronize (validation on one rank would hang)")))
     result.metrics = dict(metrics)
 
 
 def judge_across(case: Case, results: list) -> list[tuple[str, Metric]]:
-    """The sums over ranks of the grad_weight/grad_bias shares against the oracle's sums."""
+    """The grad shares' sums against the oracle's, and the buffers that must be bitwise equal on every rank."""
+    out = []
+    groups = [list(g) for g in (case.groups or [tuple(range(case.world_size))])]
+    buffers = {r.rank: r.across.get("buffers", {}) for r in results}
+    steps = sorted({s for b in buffers.values() for s in b}, key=int)
+    for s in steps:
+        for name in BUFFERS:
+            per_rank = {r: b[s][name] for r, b in buffers.items() if s in b}
+            kind = STEP_KINDS[case.steps[int(s)]]
+            bad = compare_across(f"step{s}.{kind}.{name}", per_rank, groups)
+            if bad is not None:
+                out.append((f"step{s}.{kind}.{name}.across_ranks", bad))
     if not case.affine or len(results) != case.world_size:
-        return []
+        return out
     sum_truth = next((r.across.get("sum_truth") for r in results if r.across.get("sum_truth")), None)
-    if not sum_truth or not all("shares" in r.across for r in results):
-        return []
-    return judge_sums(sum_truth, [r.across["shares"] for r in results])
+    if sum_truth and all("shares" in r.across for r in results):
+        out += judge_sums(sum_truth, [r.across["shares"] for r in results])
+    return out
 
 
-def run_steps(case: Case, impl, device: str, rank: int, data, group) -> tuple[list[dict], list[str]]:
-    """Build this rank's module (or convert the nested model), run every step, return what it produced."""
+def present(x: torch.Tensor, layout: str, device: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the input as the implementation gets it, the leaf tensor its gradient lands in).
+
+    ``dense``: a copy in the case's memory format. ``permuted``: a view whose first and last dimensions are
+    swapped in memory (dense, but in no memory format). ``sliced``: every other sample of a twice-as-large
+    tensor (a strided view, not dense).
+    """
+    x = x.to(device)
+    if layout == "permuted":
+        base = x.transpose(0, -1).contiguous().detach().requires_grad_(True)
+        return base.transpose(0, -1), base
+    if layout == "sliced":
+        base = torch.zeros((2 * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        base[::2] = x
+        base.requires_grad_(True)
+        return base[::2], base
+    leaf = x.detach().clone().requires_grad_(True)
+    return leaf, leaf
+
+
+def _grad_of(view: torch.Tensor, leaf: torch.Tensor, layout: str) -> Optional[torch.Tensor]:
+    """The gradient that reached the input view, from its leaf's."""
+    if leaf.grad is None:
+        return None
+    if layout == "permuted":
+        return leaf.grad.transpose(0, -1)
+    if layout == "sliced":
+        return leaf.grad[::2]
+    return leaf.grad
+
+
+def _input_problems(x: torch.Tensor, before: torch.Tensor, y: torch.Tensor) -> list[str]:
+    problems = []
+    if not torch.equal(x.detach(), before) and not (x.isnan().any() and before.isnan().any()):
+        problems.append("forward changed its input (the input tensor must be left as it was)")
+    if y.numel() and x.numel() and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+        problems.append("the output aliases the input's memory (a later write to one changes the other)")
+    return problems
+
+
+def run_steps(case: Case, impl, device: str, rank: int, data, group) -> tuple[list, list[str]]:
+    """Build this rank's module (or convert the nested model), run every step, return what it produced.
+
+    ``observed[s]`` is None for a step this rank takes no part in.
+    """
     pdtype = DTYPES[case.param_dtype]
     convert_problems: list[str] = []
     if case.model == "nested":
@@ -81,23 +166,48 @@ def run_steps(case: Case, impl, device: str, rank: int, data, group) -> tuple[li
         if case.track_running_stats:
             module.running_mean.copy_(data.running_mean)
             module.running_var.copy_(data.running_var)
-    observed = []
+    observed: list = []
+    pending: list = []  # forwards ("fwd" steps) whose backward comes with the next train step
     for s, kind in enumerate(case.steps):
-        module.train(kind == "train")
-        x = data.inputs[s][rank].to(device).detach().clone().requires_grad_(True)
+        mark_step(s)
+        if kind == "eval-rank0" and rank != 0:
+            observed.append(None)
+            continue
+        module.train(STEP_KINDS[kind] == "train")
+        x, leaf = present(data.inputs[s][rank], case.input_layout, device)
+        before = x.detach().clone()
         dy = data.grad_outputs[s][rank].to(device)
-        y = impl.forward(module, x)
-        y.backward(dy)
-        observed.append({
-            "output": y.detach().cpu(),
-            "grad_input": _cpu(x.grad),
-            "grad_weight": _cpu(getattr(module.weight, "grad", None)) if case.affine else None,
-            "grad_bias": _cpu(getattr(module.bias, "grad", None)) if case.affine else None,
-            "running_mean": _cpu(module.running_mean) if case.track_running_stats else None,
-            "running_var": _cpu(module.running_var) if case.track_running_stats else None,
-            "num_batches_tracked": int(module.num_batches_tracked) if case.track_running_stats else None,
-        })
-        module.zero_grad(set_to_none=True)
+        guard = forbid_collectives("evaluation on rank 0 alone") if kind == "eval-rank0" else contextlib.nullcontext()
+        with guard:
+            if kind == "nograd":
+                with torch.no_grad():
+                    y = impl.forward(module, x)
+            else:
+                y = impl.forward(module, x)
+            if kind not in ("nograd", "fwd"):
+                torch.autograd.backward([y] + [p[2] for p in pending], [dy] + [p[3] for p in pending])
+        obs = {"output": y.detach().cpu().clone(), "input_problems": _input_problems(x, before, y),
+               "layout_checked": case.input_layout == "dense",
+               "grads": {"nograd": "none", "fwd": "deferred"}.get(kind, "accumulated" if pending else "own")}
+        if kind == "fwd":
+            pending.append((s, (x, leaf), y, dy))
+        else:
+            for ps, (px, pleaf), _, _ in pending:
+                observed[ps]["grad_input"] = _cpu(_grad_of(px, pleaf, case.input_layout))
+            obs["grad_steps"] = [p[0] for p in pending] + [s]
+            pending = []
+        obs["grad_input"] = _cpu(_grad_of(x, leaf, case.input_layout))
+        obs["grad_weight"] = _cpu(getattr(module.weight, "grad", None)) if case.affine else None
+        obs["grad_bias"] = _cpu(getattr(module.bias, "grad", None)) if case.affine else None
+        for name in ("running_mean", "running_var"):
+            obs[name] = _cpu(getattr(module, name)) if case.track_running_stats else None
+        obs["num_batches_tracked"] = int(module.num_batches_tracked) if case.track_running_stats else None
+        for name in BUFFERS:
+            obs[f"{name}_bits"] = bits(getattr(module, name, None)) if case.track_running_stats else None
+        observed.append(obs)
+        if kind != "fwd":
+            module.zero_grad(set_to_none=True)
+    mark_step(None)
     return observed, convert_problems
 
 
@@ -111,6 +221,8 @@ def compare_implementations(ctx, case: Case, other_name: str, device: str, data,
         return out
     theirs, _ = run_steps(case, other, device, ctx.rank, data, group)
     for s, (a, b) in enumerate(zip(observed, theirs)):
+        if a is None or b is None:
+            continue
         for name in TENSORS:
             ta, tb = a[name], b[name]
             if ta is None or tb is None or ta.shape != tb.shape:

@@ -15,7 +15,8 @@ from harness.catalog.case import Case, materialize
 from harness.catalog.covering import covers_all_pairs, pairwise
 from harness.errors import UsageError
 
-FAMILIES = {"allgather-shape", "mixed-precision", "channels-last", "module-config", "process-group", "numerics"}
+FAMILIES = {"allgather-shape", "mixed-precision", "channels-last", "module-config", "process-group", "numerics",
+            "training-loop", "ddp"}
 ROOT = Path(__file__).resolve().parents[2]
 
 # The first input values and weights of two cases, as generated when these cases were written. A case's data
@@ -73,6 +74,30 @@ def test_matrix_crosses_dtypes_layouts_formats_and_world_sizes():
     assert len(default) < len(full) / 2
     assert any(0 in c.batch_sizes for c in default) and any(set(c.batch_sizes) == {1} for c in default)
     assert {"float16", "bfloat16", "float32", "float64"} <= {c.dtype for c in default}
+
+
+def factor_of(c):
+    return tuple(c.id.split("/")[1:4])
+
+
+@pytest.mark.parametrize("family", ["training-loop", "ddp"])
+def test_new_families_default_to_a_pairwise_covering_of_their_product(family):
+    full = [c for c in catalog.select(exhaustive=True) if c.family == family]
+    default = [c for c in full if c.default]
+    assert len(default) <= len(full) / 3
+    if family == "training-loop":
+        rows = [factor_of(c) for c in full if c.default]
+        factors = [sorted({r[i] for r in map(factor_of, full)}) for i in range(3)]
+        assert covers_all_pairs(rows, factors)
+    else:
+        from harness.cases import ddp
+
+        flags = [set(c.ddp) for c in default]
+        assert {c.model for c in default} == {"cnn", "resblock"} and {c.optimizer for c in default} == {"sgd", "adam"}
+        for f in ("broadcast_buffers=False", "forward_sync_buffers=False", "static_graph", "find_unused_parameters",
+                  "gradient_as_bucket_view", "bucket_cap_mb=0.0001", "no_sync=2", "checkpoint-rank0"):
+            assert any(f in s for s in flags), f
+        assert all(c.steps.count("train") >= ddp.STEPS for c in full)
 
 
 def test_affine_parameters_are_not_ones_and_zeros():

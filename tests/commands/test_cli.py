@@ -175,10 +175,13 @@ def test_run_reference_json_all_pass():
     records = json.loads(proc.stdout)
     assert sorted(r["case"] for r in records) == sorted(c.id for c in catalog.select())
     for r in records:
-        assert r["status"] == "pass"
         assert RECORD_KEYS <= set(r) and PARAM_KEYS <= set(r["params"])
-        assert len(r["ranks"]) == r["world_size"] and r["metrics"]
-        assert all(m["ok"] for m in r["metrics"].values())
+        assert len(r["ranks"]) == r["world_size"]
+        if (r["known_issue"] or {}).get("matched"):  # DDP's own defects, met by every implementation
+            assert r["family"] == "ddp", r["case"]
+            continue
+        assert r["status"] == "pass", (r["case"], r["message"])
+        assert r["metrics"] and all(m["ok"] for m in r["metrics"].values())
 
 
 @pytest.mark.slow

@@ -17,7 +17,7 @@ import pytest
 from harness import catalog
 from harness.engine.session import RunOptions, Session, resolve_impls, run_selection
 from harness.results.records import RankStatus, Status
-from proctools import children_of
+from proctools import children_of, rank_processes
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 CASE = "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2"
@@ -47,6 +47,7 @@ def failing_then_passing(probe: str, timeout: float = 20.0):
         session.close()
     elapsed = time.monotonic() - t0
     assert children_of(os.getpid()) - before == set(), "rank processes left behind"
+    assert rank_processes(os.getpid()) == set(), "forked rank processes left behind"
     assert good.status == Status.PASS, good.message
     assert good.message == "" and all(o.status is RankStatus.PASS for o in good.ranks)
     assert not any(o.traceback or o.stack_dump or o.exception_type for o in good.ranks), "stale failure data"

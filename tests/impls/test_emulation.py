@@ -132,3 +132,25 @@ def test_device_check_path_reads_the_installed_module(monkeypatch):
     assert torch_emulation.device_check_path() == expected
     monkeypatch.setenv("SYNCBN_HARNESS_TORCH_PATH", "function")
     assert torch_emulation.device_check_path() == "function"
+
+
+def test_ddp_refuses_cpu_syncbatchnorm_except_inside_the_guard():
+    """DDP's CPU check is skipped only inside the guard, and the guard puts it back."""
+    import datetime
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+    try:
+        model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 1), torch.nn.SyncBatchNorm(3))
+        with pytest.raises(ValueError, match="SyncBatchNorm layers only work with GPU modules"):
+            DistributedDataParallel(model)
+        with torch_emulation.ddp_accepts_cpu_syncbn():
+            wrapped = DistributedDataParallel(model)
+        assert isinstance(wrapped.module[1], torch.nn.SyncBatchNorm)
+        with pytest.raises(ValueError, match="only work with GPU modules"):
+            DistributedDataParallel(model)
+    finally:
+        dist.destroy_process_group()

@@ -4,8 +4,9 @@
   other (textbook.py: autograd through differentiable all_reduces; gather.py:
   an all_gather of float64 moments with a hand-written backward;
   float32_syncbn.py: float32 arithmetic throughout, as the CUDA kernels of
-  torch and apex) raise no alarm on the default selection, and the float32
-  one and the reference none on the full product either.
+  torch and apex) raise no alarm on the default selection (known issues of
+  torch's DDP aside: they are DDP's, met by every implementation), and the
+  float32 one and the reference none on the full product either.
 - Every planted defect (defects.py: the kinds real implementations shipped)
   is caught by default-selection cases of the families meant to catch it,
   as a mismatch on the tensor it corrupts.
@@ -41,9 +42,10 @@ def run(impl_names, cases, timeout=60):
 
 def assert_quiet(records, n):
     assert len(records) == n
-    bad = [f"{r.impl} {r.case}: {r.status.value} {r.message}" for r in records if r.status != Status.PASS]
+    bad = [f"{r.impl} {r.case}: {r.status.value} {r.message}" for r in records
+           if r.status != Status.PASS and not r.known]
     assert not bad, "\n".join(bad)
-    worst = max(r.worst_ratio for r in records)
+    worst = max(r.worst_ratio for r in records if not r.known)
     assert 0 < worst < CORRECT_USE_AT_MOST, worst
 
 
@@ -56,8 +58,10 @@ def test_correct_implementations_raise_no_alarm_on_the_default_selection():
 
 @pytest.mark.slow
 def test_the_float32_implementation_and_the_reference_are_quiet_on_the_full_product():
-    cases = catalog.select(exhaustive=True)
-    assert len(cases) > len(catalog.select())
+    """Every family's full product but DDP's (its product varies DDP's flags, not SyncBN's arithmetic, and
+    costs a second a case: its default selection is covered above)."""
+    cases = [c for c in catalog.select(exhaustive=True) if c.family != "ddp"]
+    assert len(cases) > len([c for c in catalog.select() if c.family != "ddp"])
     assert_quiet(run(["float32_syncbn:Float32SyncBN", "reference"], cases), 2 * len(cases))
 
 
@@ -71,12 +75,20 @@ def _defects():
 @pytest.mark.slow
 @pytest.mark.parametrize("defect", sorted(_defects(), key=lambda c: c.__name__), ids=lambda c: c.__name__)
 def test_planted_defect_is_caught_on_the_tensor_it_corrupts(defect):
-    patterns, status, tensor = _defects()[defect]
+    patterns, status, evidence = _defects()[defect]
+    statuses = {Status(s) for s in ((status,) if isinstance(status, str) else status)}
     cases = [c for c in catalog.select() if any(fnmatch.fnmatchcase(c.id, p) for p in patterns)]
     assert cases, f"no default case matches {patterns}"
     records = run([f"defects:{defect.__name__}"], cases, timeout=20)
-    caught = [r for r in records if r.status == Status(status)
-              and any(name.endswith(tensor) and not m.ok for name, m in r.metrics.items())]
-    assert caught, (f"{defect.__name__}: no {status} on {tensor} in {patterns}: "
+
+    def shows(r) -> bool:
+        if evidence is None:
+            return True
+        if r.status == Status.MISMATCH:  # the judgement, on the tensor the defect corrupts
+            return any(evidence in name and not m.ok for name, m in r.metrics.items())
+        return evidence in r.message  # an error: the exception that names it
+
+    caught = [r for r in records if r.status in statuses and shows(r)]
+    assert caught, (f"{defect.__name__}: no {status} showing {evidence} in {patterns}: "
                     f"{Counter((r.status.value, r.message[:80]) for r in records).most_common(3)}")
     assert all(r.message for r in caught)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from gather import GatherSyncBN
+from gather import GatherSyncBN, _GatherFn
 from textbook import TextbookSyncBN
 
 
@@ -207,6 +207,154 @@ class DropsChannelTail(TextbookSyncBN):
         return out
 
 
+
+class _ModuleSavedFn(torch.autograd.Function):
+    """gather.py's function, except that what backward needs is kept on the module, not in the context."""
+
+    @staticmethod
+    def forward(ctx, x, group, eps, module):
+        class _Slot:  # collects what gather's forward saves for backward
+            def save_for_backward(self, *tensors):
+                self.saved_tensors = tensors
+
+        slot = _Slot()
+        out = _GatherFn.forward(slot, x, group, eps, module)
+        module._saved = slot  # the defect: one slot per module, not one per forward
+        ctx.module = module
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_xhat, gm, gm2, gt):
+        return _GatherFn.backward(ctx.module._saved, grad_xhat, gm, gm2, gt)  # whatever the module holds now
+
+
+class SavesStatsOnModule(GatherSyncBN):
+    """Keeps the statistics for backward on the module: a second forward before the backward overwrites
+    those of the first (two forwards, one backward: pytorch#175024 and kin)."""
+
+    def forward(self, x):
+        if not (self.training and dist.is_initialized()):
+            return super().forward(x)
+        xhat, mean, m2, total = _ModuleSavedFn.apply(x, self.process_group or dist.group.WORLD, self.eps, self)
+        with torch.no_grad():
+            self.num_batches_tracked += 1
+            f = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
+            n = float(total)
+            self.running_mean.copy_((1 - f) * self.running_mean.double() + f * mean.detach())
+            self.running_var.copy_((1 - f) * self.running_var.double() + f * m2.detach() / max(n - 1, 1))
+        return self._affine(xhat, x)
+
+
+class CachedCount(TextbookSyncBN):
+    """Bessel's correction with the element count of the first batch, kept (pytorch#22192): wrong once the
+    batch size changes, as the last batch of an epoch does."""
+
+    def update_running(self, mean, var, n, factor):
+        if not hasattr(self, "_first_count"):
+            self._first_count = n
+        super().update_running(mean, var, self._first_count, factor)
+
+
+class EvalSyncs(TextbookSyncBN):
+    """In eval, averages the running statistics over the ranks first, "to keep replicas consistent": a
+    collective in evaluation, which hangs validation on one rank (pytorch#48988)."""
+
+    def forward(self, x):
+        if not self.training and self.running_mean is not None and dist.is_initialized():
+            with torch.no_grad():
+                both = torch.cat([self.running_mean, self.running_var])
+                dist.all_reduce(both, group=self.group())
+                both /= dist.get_world_size(self.group())
+        return super().forward(x)
+
+
+class AssumesContiguous(TextbookSyncBN):
+    """Reads the input's memory as if it were contiguous (as_strided on its storage): a permuted or sliced
+    view is read wrong (pytorch#62967, #63224)."""
+
+    def forward(self, x):
+        if x.numel() and not x.is_contiguous() and not x.is_contiguous(memory_format=torch.channels_last) \
+                and not (x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d)):
+            x = torch.as_strided(x, x.shape, torch.empty(x.shape).stride(), x.storage_offset())
+        return super().forward(x)
+
+
+class WidthLimit1024(TextbookSyncBN):
+    """A kernel whose shared buffer holds 1024 channels: channel c >= 1024 gets the statistics of c - 1024
+    (wrong at ResNet-50's 2048: apex#1768)."""
+
+    def batch_stats(self, x, dims):
+        mean, var, n = super().batch_stats(x, dims)
+        if mean.numel() > 1024:
+            idx = torch.arange(mean.numel()) % 1024
+            mean, var = mean[idx], var[idx]
+        return mean, var, n
+
+
+class NormalizesInPlace(TextbookSyncBN):
+    """Subtracts the mean from its input in place to save memory: the caller's tensor is changed."""
+
+    def normalize(self, x, mean, var):
+        y = super().normalize(x, mean, var)
+        with torch.no_grad():
+            x.sub_(mean.view(self.shape(x)).to(x.dtype))
+        return y
+
+
+class RankOrderMerge(GatherSyncBN):
+    """Merges the gathered statistics starting from its own rank's row: each rank rounds differently, so
+    replicas' running statistics drift apart by ULPs, all within tolerance of the oracle."""
+
+    def forward(self, x):
+        if self.training and dist.is_initialized():
+            shift = dist.get_rank(self.process_group or dist.group.WORLD)
+            original = dist.all_gather
+
+            def rotated(rows, row, group=None, async_op=False):
+                out = original(rows, row, group=group, async_op=async_op)
+                rows[:] = rows[shift:] + rows[:shift]
+                return out
+
+            dist.all_gather = rotated
+            try:
+                out = super().forward(x.float() if x.dtype == torch.float64 else x)
+            finally:
+                dist.all_gather = original
+            return out.to(x.dtype)
+        return super().forward(x)
+
+
+class LocalRunningStats(TextbookSyncBN):
+    """Running statistics from the rank's own batch, not the group's: under DDP the buffer broadcast hides
+    it on rank 0's replica (PR #46636, pytorch#63917)."""
+
+    def update_running(self, mean, var, n, factor):
+        dims = [0] + list(range(2, self._x.dim()))
+        xd = self._x.detach().double()
+        if xd.numel():
+            local_n = xd.numel() / xd.shape[1]
+            super().update_running(xd.mean(dims), xd.var(dims, unbiased=False), local_n, factor)
+        else:
+            super().update_running(mean, var, n, factor)
+
+    def forward(self, x):
+        self._x = x
+        return super().forward(x)
+
+
+class GatherSizeDiffers(TextbookSyncBN):
+    """All-gathers one row per sample, so ranks with different batch sizes hand the collective operands of
+    different sizes: the 2020 apex break between two PyTorch commits ("All tensor operands to scatter/gather
+    must have the same size")."""
+
+    def batch_stats(self, x, dims):
+        if dist.is_initialized():
+            per_sample = x.detach().double().flatten(1).mean(1)
+            rows = [torch.empty_like(per_sample) for _ in range(dist.get_world_size(self.group()))]
+            dist.all_gather(rows, per_sample, group=self.group())
+        return super().batch_stats(x, dims)
+
+
 # Defect -> (patterns of default-selection cases that must catch it, the status they must give, the tensor whose
 # metric must fail). Caught means a judgement on the tensor the defect corrupts, not some crash on the way.
 CATCHERS = {
@@ -230,4 +378,13 @@ CATCHERS = {
     HalfAccumulation: (["mixed-precision/half-sum-overflow/*"], "mismatch", "output"),
     DropsChannelTail: (["numerics/channels-67/*", "numerics/channels-130/*", "channels-last/channels-*"], "mismatch",
                        "output"),
+    SavesStatsOnModule: (["training-loop/two-forwards/*"], "mismatch", "grad_input"),
+    CachedCount: (["training-loop/last-batch-smaller/*"], "mismatch", "running_var"),
+    EvalSyncs: (["training-loop/eval-on-rank0/*"], "error", "CollectiveForbidden"),
+    AssumesContiguous: (["training-loop/permuted-input/*", "training-loop/sliced-input/*"], "mismatch", "output"),
+    WidthLimit1024: (["training-loop/width-2048/*"], "mismatch", "output"),
+    NormalizesInPlace: (["training-loop/*"], "mismatch", "input"),
+    RankOrderMerge: (["allgather-shape/uneven-*", "training-loop/*"], "mismatch", "across_ranks"),
+    LocalRunningStats: (["ddp/*"], "mismatch", "running_mean"),
+    GatherSizeDiffers: (["allgather-shape/uneven-*"], ("crash", "error"), None),
 }

@@ -22,10 +22,21 @@ def alive(pid: int) -> bool:
     return st is not None and st[0] != "Z"
 
 
-def children_of(pid: int) -> set[int]:
-    """Live (non-zombie) children of ``pid``.
+HELPERS = (b"resource_tracker", b"multiprocessing.forkserver")
 
-    multiprocessing's resource tracker (one per parent, for its lifetime) is not a rank and is left out.
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def children_of(pid: int) -> set[int]:
+    """Live (non-zombie) children of ``pid``, ranks or not.
+
+    multiprocessing's resource tracker and forkserver (one each per parent, for its lifetime, and the
+    forkserver the parent of forked ranks) are not ranks and are left out; see :func:`rank_processes`.
     """
     kids = set()
     for entry in os.listdir("/proc"):
@@ -38,20 +49,38 @@ def children_of(pid: int) -> set[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"resource_tracker" not in cmdline:
+        if not any(h in cmdline for h in HELPERS):
             kids.add(int(entry))
     return kids
 
 
-def rank_processes(parent: int) -> set[int]:
-    """Children of ``parent`` that are multiprocessing-spawned rank processes."""
+def _all_children(pid: int) -> set[int]:
     out = set()
-    for pid in children_of(parent):
-        try:
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                out.add(pid)
-        except OSError:
-            pass
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _stat(int(entry))
+            if st is not None and st[1] == pid and st[0] != "Z":
+                out.add(int(entry))
+    return out
+
+
+def rank_processes(parent: int) -> set[int]:
+    """The rank processes of ``parent``: spawned children, or children of its multiprocessing forkserver."""
+    out = {pid for pid in children_of(parent) if b"spawn_main" in _cmdline(pid)}
+    for server in _all_children(parent):
+        if b"multiprocessing.forkserver" in _cmdline(server):
+            out |= _all_children(server)
+    return out
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid``, at any depth."""
+    out, todo = set(), [pid]
+    while todo:
+        for kid in _all_children(todo.pop()):
+            if kid not in out:
+                out.add(kid)
+                todo.append(kid)
     return out
 
 

@@ -1,0 +1,157 @@
+"""What an implementation says to the other ranks: every collective it issues, recorded in order.
+
+In a rank process, :func:`install_recorder` wraps torch.distributed's collective
+functions (in ``torch.distributed`` and ``torch.distributed.distributed_c10d``,
+where implementations and torch's own modules look them up at call time) so
+that each call is written down, as plain data, before it is issued:
+
+    {"op": "all_gather", "group": [0, 1], "dtype": "float32", "shape": [9], "numel": 9, "step": 0}
+
+The wrapper changes nothing else: same arguments, same result. A scenario
+marks the step it is in (:func:`mark_step`) and takes the calls of a task at the
+end (:func:`recorded`). Inside :func:`forbid_collectives` (a step where no rank may talk to
+another, such as evaluation on one rank while the others wait) a call raises
+:class:`CollectiveForbidden` before anything is sent: the rank fails at once,
+with a message naming the collective, instead of leaving its peers hanging.
+
+C++-level communication (DDP's reducer and its buffer broadcasts) does not go
+through these functions and is not recorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Optional
+
+# name -> (index of the tensor argument to describe, or None)
+OPS = {
+    "all_gather": 1, "all_gather_into_tensor": 1, "_all_gather_base": 1, "all_gather_single": 1, "all_reduce": 0, "reduce": 0,
+    "broadcast": 0, "reduce_scatter": 0, "reduce_scatter_tensor": 1, "_reduce_scatter_base": 1, "all_to_all": 1,
+    "all_to_all_single": 1, "gather": 0, "scatter": 0, "send": 0, "recv": 0, "barrier": None,
+    "all_gather_object": None, "broadcast_object_list": None, "gather_object": None,
+}
+# keyword names of those tensor arguments, for calls that pass them by keyword
+KEYWORDS = ("tensor", "input_tensor", "input", "tensor_list", "object_list")
+
+
+class CollectiveForbidden(RuntimeError):
+    """A collective was issued in a step where no rank may communicate."""
+
+
+_calls: list[dict] = []
+_step: Optional[int] = None
+_forbidden: Optional[str] = None
+_installed = False
+
+
+def install_recorder() -> None:
+    """Wrap the collectives in this process (once); a no-op where torch.distributed is unavailable."""
+    global _installed
+    if _installed:
+        return
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    from torch.distributed import distributed_c10d as c10d
+
+    for name, arg in OPS.items():
+        original = getattr(c10d, name, None) or getattr(dist, name, None)
+        if original is None or getattr(original, "__syncbn_wrapped__", False):
+            continue
+        wrapped = _wrap(name, arg, original)
+        for module in (dist, c10d):
+            if getattr(module, name, None) is original:
+                setattr(module, name, wrapped)
+    _installed = True
+
+
+def _wrap(name: str, arg: Optional[int], original):
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        entry = describe_call(name, arg, args, kwargs)
+        if _forbidden is not None:
+            raise CollectiveForbidden(f"{name} issued during {_forbidden} ({_short(entry)}): no rank may talk to "
+                                      "another there, so its peers would wait forever")
+        _calls.append(entry)
+        return original(*args, **kwargs)
+
+    call.__syncbn_wrapped__ = True
+    return call
+
+
+def describe_call(name: str, arg: Optional[int], args: tuple, kwargs: dict) -> dict:
+    """One call as plain data: op, group ranks, dtype, shape and element count of its tensor, step."""
+    import torch
+
+    entry: dict = {"op": name, "group": _group_ranks(kwargs.get("group", _positional_group(name, args))),
+                   "step": _step}
+    t = None
+    if arg is not None:
+        t = args[arg] if len(args) > arg else next((kwargs[k] for k in KEYWORDS if k in kwargs), None)
+    if isinstance(t, (list, tuple)) and t and isinstance(t[0], torch.Tensor):
+        t = t[0]
+    if isinstance(t, torch.Tensor):
+        entry.update(dtype=str(t.dtype).replace("torch.", ""), shape=list(t.shape), numel=t.numel())
+    return entry
+
+
+def _positional_group(name: str, args: tuple):
+    # group is the third positional argument of all_gather/all_reduce/broadcast-style calls
+    positions = {"all_reduce": 2, "broadcast": 2, "all_gather": 2, "all_gather_into_tensor": 2,
+                 "all_gather_single": 2, "_all_gather_base": 2, "reduce": 3}
+    i = positions.get(name)
+    return args[i] if i is not None and len(args) > i else None
+
+
+def _group_ranks(group) -> list[int]:
+    import torch.distributed as dist
+
+    try:
+        if group is None or group is dist.group.WORLD:
+            return list(range(dist.get_world_size()))
+        return sorted(dist.get_process_group_ranks(group))
+    except Exception:  # noqa: BLE001 - an unknown group is recorded as such, never a reason to fail the call
+        return []
+
+
+def _short(entry: dict) -> str:
+    what = f"{entry.get('dtype', '')}{entry.get('shape', '')}" if "dtype" in entry else ""
+    return f"{entry['op']} {what} over ranks {entry['group']}".replace("  ", " ")
+
+
+def begin_task() -> None:
+    """Forget earlier calls: a new task starts."""
+    global _step, _forbidden
+    _calls.clear()
+    _step, _forbidden = None, None
+
+
+def mark_step(index: Optional[int]) -> None:
+    """The calls from now on belong to step ``index`` of the case."""
+    global _step
+    _step = index
+
+
+def recorded() -> list[dict]:
+    """The calls recorded since :func:`begin_task`, in order."""
+    out = list(_calls)
+    _calls.clear()
+    return out
+
+
+@contextlib.contextmanager
+def forbid_collectives(why: str):
+    """Any collective inside the block raises :class:`CollectiveForbidden` (``why`` names the step)."""
+    global _forbidden
+    previous, _forbidden = _forbidden, why
+    try:
+        yield
+    finally:
+        _forbidden = previous
+
+
+def short_call(entry: dict) -> str:
+    """``all_gather float16[9] over ranks [0, 1]``: one collective, as people read it."""
+    return _short(entry)
