@@ -26,7 +26,8 @@ from typing import Optional
 
 # name -> (index of the tensor argument to describe, or None)
 OPS = {
-    "all_gather": 1, "all_gather_into_tensor": 1, "_all_gather_base": 1, "all_gather_single": 1, "all_reduce": 0, "reduce": 0,
+    "all_gather": 1, "all_gather_into_tensor": 1, "_all_gather_base": 1, "all_gather_single": 1, "all_reduce": 0,
+    "reduce": 0,
     "broadcast": 0, "reduce_scatter": 0, "reduce_scatter_tensor": 1, "_reduce_scatter_base": 1, "all_to_all": 1,
     "all_to_all_single": 1, "gather": 0, "scatter": 0, "send": 0, "recv": 0, "barrier": None,
     "all_gather_object": None, "broadcast_object_list": None, "gather_object": None,

@@ -154,7 +154,6 @@ def scatter_png(metrics, impl: str) -> Optional[bytes]:
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
-    import numpy as np
 
     sub = plottable(metrics[metrics["impl"] == impl])
     if sub.empty:
