@@ -96,13 +96,14 @@ class Checkout:
         """Whether commit ``a`` is an ancestor of (or is) commit ``b``."""
         return self._run(["git", "-C", str(self.path), "merge-base", "--is-ancestor", a, b]).returncode == 0
 
-    def first_parent_range(self, good: str, bad: str) -> list[str]:
-        """Full shas from ``good`` to ``bad`` inclusive on ``bad``'s first-parent line, oldest first."""
+    def first_parent_range(self, good: str, bad: str) -> list[tuple[str, str]]:
+        """``(full sha, subject)`` from ``good`` to ``bad`` inclusive on ``bad``'s first-parent line, oldest first."""
         if not self.is_ancestor(good, bad):
             raise CheckoutError(f"--good {good[:12]} is not an ancestor of --bad {bad[:12]} in {self.path}: give a "
                                 "good commit older than the bad one, on the same line of history")
-        between = self.git("rev-list", "--reverse", "--first-parent", f"{good}..{bad}").split()
-        return [good] + between
+        out = self.git("log", "--reverse", "--first-parent", "--format=%H%x00%s", f"{good}..{bad}")
+        between = [tuple(line.split("\0", 1)) for line in out.splitlines() if line]
+        return [(good, self.subject(good))] + between
 
     def changed(self, a: str, b: str) -> list[tuple[str, str]]:
         """``(status, path)`` for each file that differs between commits ``a`` and ``b`` (A, M, D, T)."""

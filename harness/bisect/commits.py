@@ -172,10 +172,9 @@ def bisect_commits(*, checkout: str | Path, good: str, bad: str, selection: Opti
     binary = probe_binary()
     base_sha = find_base(repo, binary, base)
     check_not_too_far(repo, binary, {"--good": good_sha, "--bad": bad_sha, "--base": base_sha})
-    shas = repo.first_parent_range(good_sha, bad_sha)
     source = Overlays(repo, binary, base_sha, cache_root() / "overlays")
-    builds = [Build("overlay", commit_label(sha, repo.subject(sha)), package="torch", version=binary.version,
-                    path=str(repo.path), commit=sha) for sha in shas]
+    builds = [Build("overlay", commit_label(sha, subject), package="torch", version=binary.version,
+                    path=str(repo.path), commit=sha) for sha, subject in repo.first_parent_range(good_sha, bad_sha)]
     reasons = {i: source.plan(b.commit).untestable for i, b in enumerate(builds)}
     untestable = {i: why for i, why in reasons.items() if why}
     log(f"bisecting {len(builds)} commits of {repo.path} from {good_sha[:12]} (good) to {bad_sha[:12]} (bad) as "

@@ -50,8 +50,9 @@ from harness.errors import UsageError
               help="With --overlay: the checkout's commit the installed torch was built from (default: its "
                    "torch.version.git_version; needed when the checkout does not hold that commit).")
 @click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None,
-              help="Keep every tested build's records in this store (one file per build: version and commit), "
-                   "for report and diff. Default: a store per build under the cache.")
+              help="Keep every tested build's records in this store (one file per torch build: version and "
+                   "commit), for report and diff; releases of another package share torch's file. Default: a store "
+                   "per build under the cache.")
 @click.option("--rerun", is_flag=True, help="Ignore cached verdicts (environments are still reused).")
 @click.option("--build-timeout", "eval_timeout", type=click.FloatRange(min=1), default=3600.0,
               help="Seconds for one build's run of the selection before it counts as untestable.")

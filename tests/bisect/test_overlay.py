@@ -116,13 +116,17 @@ def test_too_far_and_unknown_base_are_refused_before_anything_is_made(tmp_path, 
     assert not (tmp_path / "cache" / "overlays").exists()
 
 
-@pytest.mark.slow
-def test_overlay_bisection_finds_the_planted_commit_and_reuses_everything(tmp_path, monkeypatch, kernels):
-    # An isolated cache for overlays and verdicts; the reference kernels are this torch build's, already built.
+def isolated_cache(tmp_path: Path, monkeypatch) -> None:
+    """A cache of its own for overlays and verdicts; the reference kernels stay this torch build's, already built."""
     shared_kernels = cache_root() / "kernels"
     monkeypatch.setenv("SYNCBN_HARNESS_CACHE", str(tmp_path / "cache"))
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "kernels").symlink_to(shared_kernels, target_is_directory=True)
+
+
+@pytest.mark.slow
+def test_overlay_bisection_finds_the_planted_commit_and_reuses_everything(tmp_path, monkeypatch, kernels):
+    isolated_cache(tmp_path, monkeypatch)
     repo, shas = make_history(tmp_path / "pytorch")
     before = snapshot(TORCH / "nn")
     store = tmp_path / "store"
@@ -174,3 +178,23 @@ def test_overlay_bisection_finds_the_planted_commit_and_reuses_everything(tmp_pa
     assert lines[-3] == f"(0 builds tested, {run.stats['evaluated']} verdicts from cache, 0 overlays created)"
     assert lines[-2:] == [f"first bad commit: {shas[3]}", f"last good commit: {shas[2]}"]
     assert t_second < t_first / 3, (t_first, t_second)
+
+
+@pytest.mark.slow
+def test_untestable_commits_next_to_the_defect_are_handed_to_bisect_script(tmp_path, monkeypatch, kernels):
+    isolated_cache(tmp_path, monkeypatch)
+    repo = PytorchRepo(tmp_path / "pytorch")
+    native = "// batch_norm_stats (stand-in)\n"
+    base = repo.commit("base", {"version.txt": "2.13.0a0\n", NATIVE: native, FILES[1]: installed(FILES[1])})
+    aten = repo.commit("aten: batch_norm_stats", {NATIVE: native + "// a change\n"})
+    bad = repo.commit("Revert aten; SyncBatchNorm: count per rank",
+                      {NATIVE: native, FILES[1]: installed(FILES[1]).replace(COUNT, PLANTED)})
+    got = bisect_commits(checkout=repo.path, good=base, bad=bad, base=base, selection=SELECTION)
+    text = got.summary()
+    assert got.run.result.outcome is Outcome.AMBIGUOUS and got.run.result.candidates == [1, 2], text
+    assert got.run.stats["evaluated"] == 2 and list(got.untestable) == [1]
+    assert "the first bad commit may be one of them" in text
+    assert f"syncbn-harness bisect-script {' '.join(SELECTION.argv())} --build-cmd" in text
+    assert f"git bisect start {bad} {base} && git bisect run" in text
+    assert text.splitlines()[-2:] == [f"first bad commit: one of {aten} {bad}", f"last good commit: {base}"]
+    assert got.to_dict()["first_bad_commit"] is None and got.to_dict()["first_bad_candidates"] == [aten, bad]
