@@ -29,8 +29,12 @@ class BuildInfo:
 
 
 def build_info() -> BuildInfo:
+    """This process's torch build; a Python overlay's commit stands in its git version
+    (``overlay of <commit> on <binary git_version>``, :mod:`harness.bisect.overlay`)."""
     import torch
     import torch.distributed as dist
+
+    from harness.bisect.overlay import loaded_identity
 
     backends = []
     if dist.is_available():
@@ -41,7 +45,7 @@ def build_info() -> BuildInfo:
                 backends.append(name)
     return BuildInfo(
         torch_version=torch.__version__,
-        torch_git_version=str(torch.version.git_version),
+        torch_git_version=loaded_identity(torch.__file__) or str(torch.version.git_version),
         cuda_version=torch.version.cuda,
         cuda_available=torch.cuda.is_available(),
         backends=tuple(backends),

@@ -1,10 +1,14 @@
-"""Bisection: over releases, wheels or interpreters, and as ``git bisect run`` scripts.
+"""Bisection: over releases, wheels, interpreters, nightlies by day, overlaid commits; ``git bisect run`` scripts.
 
 - :mod:`~harness.bisect.bisector`: the pure state machine, fed verdicts;
 - :mod:`~harness.bisect.builds`: build SPECs and the ordered builds between two ends;
 - :mod:`~harness.bisect.envs`: a cached virtual environment per build;
 - :mod:`~harness.bisect.verdicts`: a build's verdict (the selection run in it) and its cache;
-- :mod:`~harness.bisect.driver`: the bisection of builds, tying these together;
+- :mod:`~harness.bisect.driver`: the bisection of builds from a build source, tying these together;
+- :mod:`~harness.bisect.nightly`: nightlies by day, and what they were built from;
+- :mod:`~harness.bisect.checkout`: a local pytorch checkout, read with git;
+- :mod:`~harness.bisect.overlay`: a commit's Python laid over the installed torch (a build source);
+- :mod:`~harness.bisect.commits`: the bisection of a checkout's commits as overlays;
 - :mod:`~harness.bisect.script`: the script ``git bisect run`` calls in a checkout;
 - :mod:`~harness.bisect.children`: child processes in their own process group, always reaped.
 """

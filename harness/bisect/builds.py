@@ -32,20 +32,27 @@ class InstallFailed(HarnessError):
 
 
 
-
 @dataclass(frozen=True)
 class Build:
-    """One build: ``kind`` is ``release``, ``wheel`` or ``python``; ``label`` is how it is shown."""
+    """One build: ``kind`` is ``release``, ``wheel``, ``python`` or ``overlay``; ``label`` is how it is shown.
+
+    An ``overlay`` build (:mod:`harness.bisect.overlay`) is a commit of the checkout at ``path``, ``commit``
+    its full sha.
+    """
 
     kind: str
     label: str
     package: Optional[str] = None
     version: Optional[str] = None
     path: Optional[str] = None
+    commit: Optional[str] = None
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "label": self.label, "package": self.package, "version": self.version,
-                "path": self.path}
+        d = {"kind": self.kind, "label": self.label, "package": self.package, "version": self.version,
+             "path": self.path}
+        if self.commit is not None:  # only when set: the environment keys of the other kinds stay as they were
+            d["commit"] = self.commit
+        return d
 
 
 def parse_spec(text: str, package: Optional[str] = None) -> Build:

@@ -24,12 +24,16 @@ def run_group(cmd: list[str], *, timeout: float, **kw) -> int:
         raise
 
 
-def run(cmd: list[str], *, timeout: float, env: Optional[dict] = None) -> subprocess.CompletedProcess:
-    """Run ``cmd`` capturing its output, in its own process group, killed and reaped on timeout."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+def run(cmd: list[str], *, timeout: float, env: Optional[dict] = None, cwd: Optional[str] = None,
+        input=None, text: bool = True) -> subprocess.CompletedProcess:
+    """Run ``cmd`` capturing its output, in its own process group, killed and reaped on timeout.
+
+    ``input`` (str, or bytes with ``text=False``) is written to its stdin; ``text=False`` returns bytes.
+    """
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if input is not None else None, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=text, env=env, cwd=cwd, start_new_session=True)
     try:
-        out, err = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(input=input, timeout=timeout)
     except BaseException:
         kill_group(proc)
         raise

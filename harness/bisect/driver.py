@@ -1,15 +1,28 @@
 """The bisection driver: the ordered builds, the pure bisector, and a verdict for each build it asks about.
 
-:func:`bisect_builds` asks :func:`harness.bisect.bisector.run` to drive the
-bisection; each question is answered from the verdict cache or by preparing
-the build's environment (:mod:`harness.bisect.envs`) and running the
-selection in it (:mod:`harness.bisect.verdicts`). A build that cannot be
-installed is a SKIP (not cached: it may be transient), never an abort.
+:func:`run_bisection` asks :func:`harness.bisect.bisector.run` to drive the
+bisection over builds in order; each question is answered from the verdict
+cache or by having the build *source* prepare the build and running the
+selection in it (:mod:`harness.bisect.verdicts`). A source is any object with
+
+- ``build_id(build) -> str``: the build's identity (the verdict cache key);
+- ``prepare(build, log) -> Prepared``: the interpreter, the extra environment
+  and the folder to run in, made now or reused; :class:`InstallFailed` when
+  the build cannot be made (a SKIP, not cached: it may be transient, never an
+  abort);
+- ``stat`` and ``noun``: the stats key and the words for what it creates.
+
+:class:`Environments` is the source of releases, wheels and interpreters (a
+cached virtual environment each, :mod:`harness.bisect.envs`), which
+:func:`bisect_builds` bisects; nightlies (:mod:`harness.bisect.nightly`) are
+releases too, and commits laid over a binary are the overlay source
+(:mod:`harness.bisect.overlay`). Verdicts known before any run (a commit an
+overlay cannot test) are fed to the bisector up front and never asked about.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -22,6 +35,32 @@ from harness.kernels.extension import cache_root
 from harness.selection import Selection
 
 
+@dataclass
+class Prepared:
+    """A build ready to run: its interpreter, what to add to the environment, where to run; made now or not."""
+
+    python: Path
+    env: dict = field(default_factory=dict)
+    cwd: Optional[Path] = None
+    created: bool = False
+
+
+class Environments:
+    """Releases, wheels and interpreters: a cached virtual environment per build (an interpreter as it is)."""
+
+    stat, noun = "envs_created", "environments"
+
+    def __init__(self, opts: EnvOptions):
+        self.opts = opts
+
+    def build_id(self, build: Build) -> str:
+        if build.kind == "python":
+            return f"python:{interpreter_fingerprint(Path(build.path))}"
+        return f"{build.kind}:{env_key(build, self.opts)}"
+
+    def prepare(self, build: Build, log: Callable[[str], None]) -> Prepared:
+        python, created = ensure_env(build, self.opts, log)
+        return Prepared(python, created=created)
 
 
 @dataclass
@@ -32,6 +71,11 @@ class BisectRun:
     result: Result
     evaluations: dict[int, Evaluation]
     stats: dict
+    created: tuple[str, str] = ("envs_created", "environments")  # the source's stats key and noun
+
+    @property
+    def outcome(self) -> Outcome:
+        return self.result.outcome
 
     def differing_records(self) -> list[dict]:
         """(case, impl) whose status differs between the last good and the first bad build."""
@@ -51,8 +95,9 @@ class BisectRun:
                                                 if isinstance(m, dict) and not m.get("ok", True)}}})
         return out
 
-    def summary(self) -> str:
-        """What a person reads at the end: the verdicts, the answer, and the records that differ."""
+    def summary(self, extra: Sequence[str] = (), tail: Sequence[str] = ()) -> str:
+        """What a person reads at the end: the verdicts, the answer, the records that differ, ``extra``
+        lines, the counts, then ``tail`` lines (a mode's last lines)."""
         lines = []
         for i, build in enumerate(self.builds):
             ev = self.evaluations.get(i)
@@ -79,8 +124,11 @@ class BisectRun:
             for d in diff:
                 lines.append(f"  {d['case']} [{d['impl']}]: {d['good']['status']} -> {d['bad']['status']}  "
                              f"{d['bad']['message'][:300]}")
+        lines.extend(extra)
+        key, noun = self.created
         lines.append(f"({self.stats['evaluated']} builds tested, {self.stats['cached']} verdicts from cache, "
-                     f"{self.stats['envs_created']} environments created)")
+                     f"{self.stats[key]} {noun} created)")
+        lines.extend(tail)
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -98,25 +146,49 @@ class BisectRun:
 def bisect_builds(*, good: str, bad: str, selection: Optional[Selection] = None, package: Optional[str] = None,
                   versions: Sequence[str] = (), builds_file: Optional[str] = None,
                   index: Optional[IndexOptions] = None, inherit: Optional[bool] = None, rerun: bool = False,
-                  eval_timeout: float = EVAL_TIMEOUT_S, log: Callable[[str], None] = lambda s: None) -> BisectRun:
+                  eval_timeout: float = EVAL_TIMEOUT_S, store: Optional[Path] = None,
+                  log: Callable[[str], None] = lambda s: None) -> BisectRun:
     """Bisect the builds from ``good`` to ``bad`` with the selection; see the module docstring."""
     selection = selection or Selection()
     index = index or IndexOptions()
     builds = ordered_builds(good, bad, package=package, versions=versions, builds_file=builds_file, index=index)
-    if selection.case_patterns:
-        selection.cases  # noqa: B018 - an unknown pattern is a usage error here, before any build is prepared
+    return bisect_releases(builds, selection=selection, package=package, index=index, inherit=inherit, rerun=rerun,
+                           eval_timeout=eval_timeout, store=store, log=log)
+
+
+def bisect_releases(builds: list[Build], *, selection: Selection, package: Optional[str], index: IndexOptions,
+                    inherit: Optional[bool] = None, rerun: bool = False, eval_timeout: float = EVAL_TIMEOUT_S,
+                    store: Optional[Path] = None, log: Callable[[str], None] = lambda s: None) -> BisectRun:
+    """Bisect builds already in order (releases, wheels, interpreters), each in its cached environment.
+
+    Environments inherit this interpreter's packages unless the bisected package is torch (``inherit``
+    overrides).
+    """
     pkg = package or builds[0].package or "torch"
     opts = EnvOptions(inherit=(pkg != "torch") if inherit is None else inherit, index=index)
-    cache = VerdictCache()
-    stats = {"evaluated": 0, "cached": 0, "envs_created": 0}
-    evaluations: dict[int, Evaluation] = {}
     log(f"bisecting {len(builds)} builds from {builds[0].label} (good) to {builds[-1].label} (bad)"
         + (", environments inherit this interpreter's packages" if opts.inherit else ""))
+    return run_bisection(builds, selection, Environments(opts), rerun=rerun, eval_timeout=eval_timeout,
+                         store=store, log=log)
+
+
+def run_bisection(builds: list[Build], selection: Selection, source, *, known: Optional[dict] = None,
+                  rerun: bool = False, eval_timeout: float = EVAL_TIMEOUT_S, store: Optional[Path] = None,
+                  log: Callable[[str], None] = lambda s: None) -> BisectRun:
+    """Bisect ``builds`` (good end first) with the selection, each prepared by ``source``.
+
+    ``known``: index -> :class:`Evaluation` settled before any run (fed to the bisector up front).
+    ``store``: where every run's records go (default: one store per build under the cache).
+    """
+    if selection.case_patterns:
+        selection.cases  # noqa: B018 - an unknown pattern is a usage error here, before any build is prepared
+    cache = VerdictCache()
+    stats = {"evaluated": 0, "cached": 0, source.stat: 0}
+    evaluations: dict[int, Evaluation] = dict(known or {})
 
     def judge(i: int) -> Verdict:
         build = builds[i]
-        build_id = (f"{build.kind}:{env_key(build, opts)}" if build.kind != "python"
-                    else f"python:{interpreter_fingerprint(Path(build.path))}")
+        build_id = source.build_id(build)
         key = cache.key(build_id, selection)
         ev = None if rerun else cache.get(key)
         if ev is not None:
@@ -125,18 +197,22 @@ def bisect_builds(*, good: str, bad: str, selection: Optional[Selection] = None,
         else:
             log(f"[{i + 1}/{len(builds)}] {build.label}: preparing")
             try:
-                python, created = ensure_env(build, opts, log)
+                ready = source.prepare(build, log)
             except InstallFailed as exc:
                 ev = Evaluation(Verdict.SKIP, f"install failed: {exc}")
             else:
-                stats["envs_created"] += int(created)
-                store = cache_root() / "bisect" / "stores" / build_id.replace(":", "-")
-                ev = evaluate(python, selection, store, timeout=eval_timeout)
+                stats[source.stat] += int(ready.created)
+                where = store or cache_root() / "bisect" / "stores" / build_id.replace(":", "-")
+                ev = evaluate(ready.python, selection, Path(where).absolute(), timeout=eval_timeout,
+                              extra_env=ready.env, cwd=ready.cwd)
                 cache.put(key, build, ev)
             stats["evaluated"] += 1
             log(f"[{i + 1}/{len(builds)}] {build.label}: {ev.verdict.value} in {ev.duration_s:.1f}s  {ev.reason}")
         evaluations[i] = ev
         return ev.verdict
 
-    result = bisector.run(bisector.Bisector(len(builds)), judge)
-    return BisectRun(builds, result, evaluations, stats)
+    machine = bisector.Bisector(len(builds))
+    for i, ev in sorted(evaluations.items()):
+        machine.feed(i, ev.verdict)
+    result = bisector.run(machine, judge)
+    return BisectRun(builds, result, evaluations, stats, created=(source.stat, source.noun))

@@ -66,13 +66,19 @@ def verdict_of(records: list[dict]) -> tuple[Verdict, str]:
     return Verdict.GOOD, f"{len(runnable)} passed"
 
 
-def evaluate(python: Path, sel: Selection, store: Path, timeout: float = EVAL_TIMEOUT_S) -> Evaluation:
-    """Run the selection with ``python -m harness run --format json`` and judge the records."""
+def evaluate(python: Path, sel: Selection, store: Path, timeout: float = EVAL_TIMEOUT_S,
+             extra_env: Optional[dict] = None, cwd: Optional[Path] = None) -> Evaluation:
+    """Run the selection with ``python -m harness run --format json`` and judge the records.
+
+    ``extra_env`` is added to the child's environment (an overlay's ``PYTHONPATH``); ``cwd`` is where
+    it runs (``python -m`` puts that folder first on ``sys.path``).
+    """
     t0 = time.monotonic()
     cmd = [str(python), "-m", "harness", "run", "--format", "json", "--store", str(store), *sel.argv()]
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+    env.update(extra_env or {})
     try:
-        proc = children.run(cmd, timeout=timeout, env=env)
+        proc = children.run(cmd, timeout=timeout, env=env, cwd=str(cwd) if cwd else None)
     except subprocess.TimeoutExpired:
         return Evaluation(Verdict.SKIP, f"`run` took more than {timeout:.0f}s", duration_s=timeout,
                           python=str(python))

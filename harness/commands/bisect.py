@@ -1,20 +1,30 @@
-"""``syncbn-harness bisect``: the first bad build between a good and a bad one."""
+"""``syncbn-harness bisect``: the first bad build between a good and a bad one.
+
+Three modes, by what ``--good`` and ``--bad`` name:
+- releases, wheels or interpreters (:func:`harness.bisect.driver.bisect_builds`);
+- nightlies, by day or ``.devYYYYMMDD`` version (:mod:`harness.bisect.nightly`);
+- with ``--overlay PATH``, commits of a checkout laid over the installed torch
+  (:mod:`harness.bisect.commits`).
+"""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
 from harness.commands import cli
 from harness.commands._options import selection_options
+from harness.errors import UsageError
 
 
 @cli.command()
 @click.option("--good", required=True, metavar="SPEC",
-              help="A build that passes: torch==X, a .whl, or /path/to/python.")
-@click.option("--bad", required=True, metavar="SPEC", help="A build that fails the selection.")
+              help="A build that passes: torch==X, a .whl, /path/to/python, a nightly's day (2026-10-01) or "
+                   "version (2.13.0.dev20261001); with --overlay a commit (sha, branch, tag).")
+@click.option("--bad", required=True, metavar="SPEC", help="A build (or commit) that fails the selection.")
 @selection_options
 @click.option("--package", default=None, help="The package whose releases are bisected (default: from --good, "
               "else torch).")
@@ -26,34 +36,75 @@ from harness.commands._options import selection_options
 @click.option("--index-url", default=None, help="Passed to pip.")
 @click.option("--extra-index-url", "extra_index_urls", multiple=True, help="Passed to pip (repeatable).")
 @click.option("--no-index", is_flag=True, help="Passed to pip: only --find-links.")
-@click.option("--pre", is_flag=True, help="Consider pre-releases.")
+@click.option("--pre", is_flag=True, help="Consider pre-releases (nightlies always are).")
 @click.option("--inherit/--no-inherit", default=None,
               help="Environments see this interpreter's packages (torch, the harness) behind their own. "
                    "Default: off when bisecting torch, on for any other package.")
+@click.option("--pytorch-repo", type=click.Path(file_okay=False, exists=True), default=None,
+              help="Nightlies: a local pytorch clone with the nightly branch; the result gives the main commits "
+                   "between the last good and first bad nightly, those touching SyncBN's files, a compare link.")
+@click.option("--overlay", "overlay", type=click.Path(file_okay=False, exists=True), default=None, metavar="PATH",
+              help="Bisect commits of this pytorch checkout: each is the installed torch with the commit's "
+                   "torch/**/*.py laid over it (a cached tree per commit; the environment is not touched).")
+@click.option("--base", default=None, metavar="REV",
+              help="With --overlay: the checkout's commit the installed torch was built from (default: its "
+                   "torch.version.git_version; needed when the checkout does not hold that commit).")
+@click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None,
+              help="Keep every tested build's records in this store (one file per torch build: version and "
+                   "commit), for report and diff; releases of another package share torch's file. Default: a store "
+                   "per build under the cache.")
 @click.option("--rerun", is_flag=True, help="Ignore cached verdicts (environments are still reused).")
 @click.option("--build-timeout", "eval_timeout", type=click.FloatRange(min=1), default=3600.0,
               help="Seconds for one build's run of the selection before it counts as untestable.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 def bisect(good, bad, selection, package, versions, builds_file, find_links, index_url, extra_index_urls, no_index,
-           pre, inherit, rerun, eval_timeout, fmt):
-    """Bisect builds (releases, wheels, interpreters) for the first that fails the selection.
+           pre, inherit, pytorch_repo, overlay, base, store_dir, rerun, eval_timeout, fmt):
+    """Bisect builds (releases, wheels, interpreters, nightlies by day, or overlaid commits) for the first that
+    fails the selection.
 
     Exit 0 when the first bad build is found, 1 when an end is wrong (good not good, bad not bad).
     """
     from harness.bisect.bisector import Outcome
     from harness.bisect.builds import IndexOptions
-    from harness.bisect.driver import bisect_builds
+    from harness.bisect.nightly import is_nightly_spec
 
     index = IndexOptions(tuple(find_links), index_url, tuple(extra_index_urls), no_index, pre)
-    result = bisect_builds(
-        good=good, bad=bad, selection=selection, package=package,
-        versions=[v for vs in versions for v in vs.split(",") if v.strip()], builds_file=builds_file, index=index,
-        inherit=inherit, rerun=rerun, eval_timeout=eval_timeout, log=lambda s: click.echo(s, err=True))
+    versions = [v for vs in versions for v in vs.split(",") if v.strip()]
+    common = dict(selection=selection, rerun=rerun, eval_timeout=eval_timeout,
+                  store=Path(store_dir).absolute() if store_dir else None, log=lambda s: click.echo(s, err=True))
+    nightly = is_nightly_spec(good) or is_nightly_spec(bad)
+    if overlay:
+        given = [f for f, v in (("--package", package), ("--versions", versions), ("--builds", builds_file),
+                                ("--pytorch-repo", pytorch_repo)) if v]
+        if given:
+            raise UsageError(f"--overlay bisects commits of a checkout: {', '.join(given)} do not apply; drop them")
+        from harness.bisect.commits import bisect_commits
+
+        result = bisect_commits(checkout=overlay, good=good, bad=bad, base=base, **common)
+    elif nightly:
+        if not (is_nightly_spec(good) and is_nightly_spec(bad)):
+            raise UsageError(f"--good {good!r} and --bad {bad!r}: bisecting nightlies needs both ends as days "
+                             "(2026-10-01) or nightly versions (2.13.0.dev20261001)")
+        for flag, value in (("--builds", builds_file), ("--base", base)):
+            if value:
+                raise UsageError(f"{flag} does not apply to nightlies by day: drop it")
+        from harness.bisect.nightly import bisect_nightlies
+
+        result = bisect_nightlies(good=good, bad=bad, package=package, versions=versions, index=index,
+                                  inherit=inherit, pytorch_repo=pytorch_repo, **common)
+    else:
+        for flag, value in (("--base", base), ("--pytorch-repo", pytorch_repo)):
+            if value:
+                need = "--overlay PATH" if flag == "--base" else "nightlies by day (--good 2026-10-01 ...)"
+                raise UsageError(f"{flag} applies only to {need}: drop it")
+        from harness.bisect.driver import bisect_builds
+
+        result = bisect_builds(good=good, bad=bad, package=package, versions=versions, builds_file=builds_file,
+                               index=index, inherit=inherit, **common)
     text = result.summary()
     if fmt == "json":
         click.echo(text, err=True)
         click.echo(json.dumps(result.to_dict(), indent=2))
     else:
         click.echo(text)
-    ends_wrong = result.result.outcome in (Outcome.GOOD_END_NOT_GOOD, Outcome.BAD_END_NOT_BAD)
-    sys.exit(1 if ends_wrong else 0)
+    sys.exit(1 if result.outcome in (Outcome.GOOD_END_NOT_GOOD, Outcome.BAD_END_NOT_BAD) else 0)

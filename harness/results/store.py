@@ -2,7 +2,8 @@
 
 Layout: ``<store>/<build key>.jsonl``; the build key is the torch version, the
 first 12 digits of its git commit, the device and the backend, e.g.
-``2.13.0+cpu-cf30153c4c13-cpu-gloo.jsonl``. One record per line, each line a
+``2.13.0+cpu-cf30153c4c13-cpu-gloo.jsonl`` (a Python overlay's:
+``<commit>-on-<base>``, see :func:`build_key`). One record per line, each line a
 record's ``to_dict()`` plus ``harness_version`` (the release that wrote it, so
 that an older harness can name the release it needs). A ``<key>.jsonl.lock``
 file beside each store file serializes writers.
@@ -57,9 +58,18 @@ class NotAResultsFile(UsageError):
     """A file given as results holds none: not a run's JSON output, not a store file (exit 2)."""
 
 
+_OVERLAY = re.compile(r"^overlay of ([0-9a-f]+) on (\S+)$")
+
+
 def build_key(torch_version: str, torch_git_version: str, device: str, backend: str) -> str:
-    """File stem of a build: version, commit (12 digits), device, backend; safe as a file name."""
-    raw = f"{torch_version}-{(torch_git_version or 'unknown')[:12]}-{device}-{backend}"
+    """File stem of a build: version, commit (12 digits), device, backend; safe as a file name.
+
+    A Python overlay's git version ``overlay of <commit> on <base>`` gives ``<commit>-on-<base>`` (12
+    digits each), e.g. ``2.13.0+cpu-3f2a9c0d11aa-on-cf30153c4c13-cpu-gloo``.
+    """
+    m = _OVERLAY.match(torch_git_version or "")
+    commit = f"{m.group(1)[:12]}-on-{m.group(2)[:12]}" if m else (torch_git_version or "unknown")[:12]
+    raw = f"{torch_version}-{commit}-{device}-{backend}"
     return re.sub(r"[^A-Za-z0-9.+_-]", "_", raw)
 
 
