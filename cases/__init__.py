@@ -12,4 +12,5 @@ FAMILY_MODULES = (
     "module_config",
     "process_group",
     "numerics",
+    "cuda_graph",
 )

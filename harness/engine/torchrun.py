@@ -54,6 +54,7 @@ from harness.engine.messages import RankResult, Task
 from harness.engine.rank import RankContext, run_task, timedelta
 from harness.errors import ImplUnavailable
 from harness.results.records import RankStatus, Record, Status
+from harness.scenarios import unsupported_reason as scenario_unsupported
 
 PREFIX = "syncbn-harness/"
 HEARTBEAT_S = 0.25
@@ -156,7 +157,9 @@ class Job:
             for impl in self.impls:
                 reason, status = unavailable.get(impl.name), Status.SKIPPED
                 if reason is None:
-                    reason, status = impl.unsupported_reason(case, self.opts.device), Status.UNSUPPORTED
+                    reason = impl.unsupported_reason(case, self.opts.device) or scenario_unsupported(
+                        case, impl, self.opts.device, self.opts.resolved_backend)
+                    status = Status.UNSUPPORTED
                 if reason:
                     if self.is_writer:
                         self._finish(assemble.not_run(case, impl, self.info, self.opts.device,

@@ -9,13 +9,19 @@ A scenario module has two functions:
 - ``judge_across(case, results)``: in the parent, the checks that need every
   rank's result (sums of per-rank shares, invariants across ranks), as
   ``(name, Metric)`` pairs.
+and may have a third, asked in the parent before any rank runs the case:
+- ``unsupported_reason(case, impl, device, backend)``: why the scenario cannot
+  run here (a device, a backend, an implementation it needs), or None; such
+  records are ``unsupported`` with that reason (:func:`unsupported_reason`).
 
 - :mod:`~harness.scenarios.layer`: one SyncBN layer (or a converted nested model's layer), step by step.
+- :mod:`~harness.scenarios.cuda_graph`: a training step captured in a CUDA graph, replayed step by step.
 """
 
 import importlib
+from typing import Optional
 
-SCENARIOS = ("layer",)
+SCENARIOS = ("layer", "cuda_graph")
 
 
 def module(name: str):
@@ -23,3 +29,9 @@ def module(name: str):
     if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}: one of {', '.join(SCENARIOS)}")
     return importlib.import_module(f"harness.scenarios.{name}")
+
+
+def unsupported_reason(case, impl, device: str, backend: str) -> Optional[str]:
+    """Why the case's scenario cannot run ``impl`` on ``device`` over ``backend``, or None (most scenarios: None)."""
+    check = getattr(module(case.scenario), "unsupported_reason", None)
+    return check(case, impl, device, backend) if check is not None else None
