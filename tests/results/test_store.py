@@ -304,8 +304,9 @@ def test_run_refuses_a_store_file_of_a_newer_schema_and_leaves_it_untouched(tmp_
 def test_a_file_of_no_records_says_what_it_should_have_been(tmp_path):
     garbage = tmp_path / "baseline.json"
     garbage.write_text("this is a CI log, not results\nline two\n")
-    with pytest.raises(store_mod.NotAResultsFile, match=r"is not a run's JSON output \(`syncbn-harness run --format json`\) or a "
-                                         r"store \.jsonl file: line 1 is b'this is a CI log"):
+    with pytest.raises(store_mod.NotAResultsFile,
+                       match=r"is not a run's JSON output \(`syncbn-harness run --format json`\) or a "
+                             r"store \.jsonl file: line 1 is b'this is a CI log"):
         read_file(garbage)
 
 
