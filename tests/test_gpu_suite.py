@@ -7,7 +7,10 @@ nccl's one-GPU-per-rank decision and the ranks' GPU choice are pure functions;
 the cuda-graph cases are unsupported at once on CPU, over gloo and for the
 reference; the benchmark's arithmetic is exact and its whole code path runs on
 CPU through the torch emulation; `bench kernels --device cuda` is a usage error
-that names the fix.
+that names the fix. On a GPU (the cuda-marked tests at the end): the CUDA
+timer measures GPU time, and the cuda_graph scenario's warm-up, restore,
+capture and replay match the oracle on one rank (what the multi-GPU cases
+rest on), while the reference really cannot be captured.
 """
 
 from __future__ import annotations
@@ -283,3 +286,46 @@ def test_bench_kernels_on_cuda_without_a_gpu_names_the_fix():
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--device cuda" in proc.stderr and "sees no CUDA device" in proc.stderr
     assert "nox -s gpu" in proc.stderr and "use --device cpu" in proc.stderr
+
+
+# ---------------------------------------------------------------------- on a GPU
+
+
+@pytest.mark.cuda
+def test_the_cuda_timer_measures_gpu_time():
+    cycles = 50_000_000  # tens of ms of GPU time, launched in microseconds
+    t = bench_cuda.cuda_median_time(lambda: torch.cuda._sleep(cycles), repeat=3, warmup=1)
+    rate_khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", None) or 2_000_000
+    assert t > 0.2 * cycles / (rate_khz * 1e3), t
+
+
+def one_rank_graph_case():
+    from harness.catalog.case import Case
+
+    return Case(id="cuda-graph/one-rank/ws1", family="cuda-graph", batch_sizes=(5,), spatial=((4, 3),),
+                steps=("train", "train"), scenario="cuda_graph", default=False)
+
+
+@pytest.mark.cuda
+def test_one_rank_captured_and_replayed_matches_the_oracle():
+    """No process group: torch's SyncBatchNorm runs plain batch_norm, captured and replayed with new inputs."""
+    from harness.engine.messages import RankResult
+    from harness.engine.rank import RankContext
+    from harness.scenarios import cuda_graph
+
+    result = RankResult(rank=0)
+    cuda_graph.run_rank(RankContext(0, 1), one_rank_graph_case(), resolve("torch"), "cuda", result)
+    assert any(name.startswith("step1.") for name in result.metrics)  # the second replay was judged
+    bad = {name: m.describe() for name, m in result.metrics.items() if not m.ok}
+    assert not bad, bad
+
+
+@pytest.mark.cuda
+def test_the_reference_cannot_be_captured():
+    """What its capabilities say (graph_capture=False): its forward reads the global count on the host."""
+    from harness.catalog.case import materialize
+    from harness.scenarios import cuda_graph
+
+    case = one_rank_graph_case()
+    with pytest.raises(RuntimeError, match="(?i)captur"):
+        cuda_graph.replay_steps(case, resolve("reference"), 0, materialize(case), None)
