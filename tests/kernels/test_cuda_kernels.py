@@ -6,10 +6,13 @@ Inputs come from the CPU tests' strategies (tests/support/kernel_inputs.py),
 widened to 1..2048 channels and empty batches; few channels with many
 elements each (the CUDA reductions split a channel over blocks and merge the
 partials); and more than 2^24 elements per channel (where a float32 count is
-no longer exact). Each CUDA result is compared with the float64 truth at the
-CPU tests' tolerance, and with the CPU kernel's result on the same input: both
-accumulate in float64, so statistics agree to a few roundings of their dtype
-and elementwise outputs to a few roundings of the output dtype.
+no longer exact). Each CUDA result is compared with the float64 truth within a
+few roundings of its dtype (for statistics, plus the float64 arithmetic's own
+error, which grows with a channel's offset over its spread), and with the CPU
+kernel's result on the same input: both accumulate in float64, so statistics
+agree to a few roundings of their dtype and elementwise outputs to a few
+roundings of the output dtype (the CPU computes those in float, the GPU in
+double: they are not bit-identical).
 """
 
 from __future__ import annotations
