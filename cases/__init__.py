@@ -14,4 +14,5 @@ FAMILY_MODULES = (
     "numerics",
     "training_loop",
     "ddp",
+    "cuda_graph",
 )

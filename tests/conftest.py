@@ -1,7 +1,9 @@
 """Isolation for the harness's own tests.
 
 Rendezvous variables from the caller's shell must never reach a test, and
-every test that spawns processes must leave none behind.
+every test that spawns processes must leave none behind. Tests marked ``cuda``
+are skipped, saying why, where torch sees no GPU (:func:`no_gpu_reason`);
+``nox -s gpu`` runs them where it does.
 """
 
 from __future__ import annotations
@@ -40,3 +42,22 @@ def pytest_report_header(config):
                 f"cpu threads {torch.get_num_threads()}, pid {os.getpid()}")
     except ImportError:
         return "torch not importable"
+
+
+def no_gpu_reason():
+    """Why ``cuda``-marked tests cannot run here (None where torch sees a GPU)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+    return (f"needs a CUDA device: torch {torch.__version__} ({build}) sees none here; "
+            "`nox -s gpu` runs these on a machine with a GPU")
+
+
+def pytest_collection_modifyitems(config, items):
+    cuda_items = [item for item in items if item.get_closest_marker("cuda") is not None]
+    reason = no_gpu_reason() if cuda_items else None
+    if reason:
+        for item in cuda_items:
+            item.add_marker(pytest.mark.skip(reason=reason))

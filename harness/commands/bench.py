@@ -15,14 +15,24 @@ def bench():
 
 
 @bench.command("kernels")
-@click.option("--repeat", type=click.IntRange(min=1), default=7, help="Timed repetitions per figure (median).")
+@click.option("--repeat", type=click.IntRange(min=1), default=None,
+              help="Timed repetitions per figure (median; default 7 on cpu, 20 on cuda).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
-def bench_kernels_cmd(repeat, fmt):
-    """CPU ops and reference fwd+bwd against torch's CPU batch_norm and a plain copy."""
-    from harness.bench import bench_kernels
-
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cpu: the CPU ops against torch's CPU batch_norm and a copy; cuda: the CUDA ops against torch's "
+                   "native CUDA kernels of the same ops, and the statistics pass against the GPU's bandwidth.")
+def bench_kernels_cmd(repeat, fmt, device):
+    """The reference kernels against torch's kernels and the memory bandwidth, on CPU or on the GPU."""
     echo = (lambda *a, **k: None) if fmt == "json" else click.echo
-    figures = bench_kernels(repeat=repeat, echo=echo)
+    if device == "cuda":
+        require_gpu()
+        from harness.bench_cuda import bench_device_kernels
+
+        figures = bench_device_kernels("cuda", repeat=repeat or 20, echo=echo)
+    else:
+        from harness.bench import bench_kernels
+
+        figures = bench_kernels(repeat=repeat or 7, echo=echo)
     if fmt == "json":
         click.echo(json.dumps(figures, indent=2))
 
@@ -35,3 +45,15 @@ def bench_pool_cmd(cases, fresh_cases):
     from harness.bench import bench_pool
 
     bench_pool(cases=cases, fresh_cases=fresh_cases, echo=click.echo)
+
+
+def require_gpu() -> None:
+    """A usage error (exit 2) naming the fix when torch sees no GPU here."""
+    import torch
+
+    from harness.errors import UsageError
+
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise UsageError(f"--device cuda: torch {torch.__version__} ({build}) sees no CUDA device here; run it on a "
+                         "machine with a GPU and a CUDA build of torch (`nox -s gpu` does), or use --device cpu")

@@ -16,7 +16,9 @@ the parent reads for crash reports; faulthandler writes a crash's traceback
 there and dumps every thread's stack there on SIGUSR1 (how the parent asks a
 silent rank where it is). A rank ignores SIGINT (the parent handles Ctrl-C)
 and dies with its parent (PR_SET_PDEATHSIG, and a thread polling the parent
-id), so a SIGKILLed harness leaves no rank behind.
+id), so a SIGKILLed harness leaves no rank behind. On CUDA, a rank makes
+GPU ``rank mod count`` its current device before joining (:func:`gpu_index`),
+so ``"cuda"`` means that GPU in everything it runs.
 
 :func:`run_task` is the same under torchrun (:mod:`harness.engine.torchrun`):
 every rank regenerates the case's inputs from its seed and computes the
@@ -31,6 +33,7 @@ import os
 import signal
 import time
 import traceback
+from typing import Optional
 
 from harness.catalog.case import Case
 from harness.engine.collectives import begin_task, install_recorder
@@ -149,6 +152,15 @@ def die_with_parent(harness_pid: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+def gpu_index(rank: int, device: str, gpus: int) -> Optional[int]:
+    """The GPU rank ``rank`` uses out of ``gpus`` visible ones: round-robin on cuda, None on cpu."""
+    if device != "cuda":
+        return None
+    if gpus < 1:
+        raise RuntimeError(f"--device cuda, but rank {rank} sees no GPU (CUDA_VISIBLE_DEVICES or the driver)")
+    return rank % gpus
+
+
 def timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
@@ -184,8 +196,12 @@ def rank_main(rank: int, world_size: int, port: int, conn, log_path: str, parent
     logging.basicConfig(level=logging.INFO, stream=logfile,
                         format=f"%(asctime)s rank{rank} %(name)s %(levelname)s %(message)s")
     try:
+        import torch
         import torch.distributed as dist
 
+        gpu = gpu_index(rank, device, torch.cuda.device_count() if device == "cuda" else 0)
+        if gpu is not None:
+            torch.cuda.set_device(gpu)  # before init: nccl binds a rank's communicator to its current device
         store = dist.TCPStore("127.0.0.1", port, world_size + 1, False, timeout=timedelta(START_TIMEOUT_S))
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(START_TIMEOUT_S))

@@ -7,6 +7,12 @@ cases finish, so callers can store and print them one by one. Cases are
 grouped by world size; the pool of a world size starts when first needed and
 is closed when its cases are done, or killed on any exception (Ctrl-C and
 SIGTERM included), so no rank outlives the run.
+
+On CUDA, ranks share the GPUs round-robin (rank r uses GPU r mod count, see
+:mod:`harness.engine.rank`). gloo carries CUDA tensors, so any number of ranks
+may share one GPU; nccl needs a GPU per rank, so with fewer GPUs than a case
+has ranks, that case's records are ``skipped`` (:func:`gpu_shortage`) instead
+of failing inside nccl.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from harness.engine.messages import Task
 from harness.engine.pool import Pool
 from harness.errors import ImplUnavailable, UsageError
 from harness.results.records import Record, Status
+from harness.scenarios import unsupported_reason as scenario_unsupported
 from harness.selection import DEFAULT_TIMEOUT_S
 
 
@@ -37,6 +44,26 @@ class RunOptions:
     @property
     def resolved_backend(self) -> str:
         return self.backend or ("nccl" if self.device == "cuda" else "gloo")
+
+
+def gpu_shortage(device: str, backend: str, world_size: int, gpus: int) -> Optional[str]:
+    """Why a case of ``world_size`` ranks cannot run here over ``backend`` (None: it can).
+
+    Pure: nccl needs one GPU per rank, gloo lets ranks share one GPU, CPU runs need none.
+    """
+    if device == "cuda" and backend == "nccl" and gpus < world_size:
+        return (f"nccl needs one GPU per rank: {gpus} visible, the case has {world_size} ranks "
+                "(--backend gloo lets ranks share a GPU)")
+    return None
+
+
+def visible_gpus(device: str) -> int:
+    """How many GPUs the ranks of a ``device`` run can use (0 for CPU runs; torch honours CUDA_VISIBLE_DEVICES)."""
+    if device != "cuda":
+        return 0
+    import torch
+
+    return torch.cuda.device_count()
 
 
 def resolve_impls(names: Iterable[str]) -> list:
@@ -75,6 +102,7 @@ class Session:
             for impl in impls:
                 self.unavailable.setdefault(impl.name, "no CUDA device on this machine")
         self._setup = tuple(i.key for i in impls if i.name not in self.unavailable)
+        self.gpus = visible_gpus(opts.device)
         self.pools: dict[int, Pool] = {}
 
     def _record(self, case, impl, status: Status, reason: str) -> Record:
@@ -85,9 +113,13 @@ class Session:
         opts = self.opts
         if impl.name in self.unavailable:
             return self._record(case, impl, Status.SKIPPED, self.unavailable[impl.name])
-        reason = unsupported_reason(case, impl, opts.device)
+        reason = impl.unsupported_reason(case, opts.device) or scenario_unsupported(
+            case, impl, opts.device, opts.resolved_backend)
         if reason:
             return self._record(case, impl, Status.UNSUPPORTED, reason)
+        reason = gpu_shortage(opts.device, opts.resolved_backend, case.world_size, self.gpus)
+        if reason:
+            return self._record(case, impl, Status.SKIPPED, reason)
         pool = self.pools.get(case.world_size)
         if pool is None:
             pool = self.pools[case.world_size] = Pool(case.world_size, backend=opts.resolved_backend,
@@ -109,17 +141,6 @@ class Session:
                 pool.kill()
             else:
                 pool.close()
-
-
-def unsupported_reason(case, impl, device: str) -> Optional[str]:
-    """Why ``impl`` cannot run ``case`` here: its declared capabilities, then the case's scenario."""
-    from harness.scenarios import module as scenario
-
-    reason = impl.unsupported_reason(case, device)
-    if reason:
-        return reason
-    check = getattr(scenario(case.scenario), "unsupported_reason", None)
-    return check(case, impl, device) if check else None
 
 
 def run_selection(cases: list, impls: list, opts: RunOptions, info: Optional[BuildInfo] = None,

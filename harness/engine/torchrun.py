@@ -55,6 +55,7 @@ from harness.engine.messages import RankResult, Task
 from harness.engine.rank import RankContext, run_task, timedelta
 from harness.errors import ImplUnavailable
 from harness.results.records import RankStatus, Record, Status
+from harness.scenarios import unsupported_reason as scenario_unsupported
 
 PREFIX = "syncbn-harness/"
 HEARTBEAT_S = 0.25
@@ -148,8 +149,6 @@ class Job:
     # ------------------------------------------------------------------ the main thread
 
     def _main(self) -> None:
-        from harness.engine.session import unsupported_reason
-
         install_recorder()
         ctx = RankContext(self.rank, self.world)
         unavailable = self._exchange_availability()
@@ -161,7 +160,9 @@ class Job:
             for impl in self.impls:
                 reason, status = unavailable.get(impl.name), Status.SKIPPED
                 if reason is None:
-                    reason, status = unsupported_reason(case, impl, self.opts.device), Status.UNSUPPORTED
+                    reason = impl.unsupported_reason(case, self.opts.device) or scenario_unsupported(
+                        case, impl, self.opts.device, self.opts.resolved_backend)
+                    status = Status.UNSUPPORTED
                 if reason:
                     if self.is_writer:
                         self._finish(assemble.not_run(case, impl, self.info, self.opts.device,

@@ -46,6 +46,7 @@ class Capabilities:
     empty_ranks: bool = True
     mixed_dtypes: bool = True  # input dtype differing from parameter dtype
     convert: bool = False  # conversion of a whole model (convert_sync_batchnorm or similar)
+    graph_capture: bool = True  # a training step can be captured in a CUDA graph (no host syncs)
 
     def to_dict(self) -> dict:
         return {k: sorted(v) if isinstance(v, frozenset) else v for k, v in self.__dict__.items()}

@@ -17,6 +17,12 @@ grad_bias are each rank's local share (summing them is the job of DDP).
 
 Eval uses the running statistics with no communication; without running
 statistics it normalizes with the rank's own batch, like torch's module.
+
+Not capturable in a CUDA graph (capabilities: ``graph_capture=False``): the
+forward reads the global count to the host (``float(count)``, to skip an
+all-empty group and for the unbiased variance) and the CUDA
+``batch_norm_backward_elemt`` checks the count on the host; a capture forbids
+both syncs.
 """
 
 from __future__ import annotations
@@ -179,9 +185,9 @@ class SyncBatchNorm(_BatchNorm):
 
 @register("reference")
 class ReferenceImpl(Impl):
-    """The reference SyncBN: supports every case on every device the kernels are built for."""
+    """The reference SyncBN: supports every case on every device the kernels are built for, outside CUDA graphs."""
 
-    capabilities = Capabilities(convert=True)
+    capabilities = Capabilities(convert=True, graph_capture=False)
 
     def version(self) -> str:
         from harness import __version__

@@ -107,8 +107,10 @@ def metrics_frame(records: Sequence[Record]):
                          "metric": name, "tensor": name.rsplit(".", 1)[-1], "max_abs_err": m.max_abs_err,
                          "max_rel_err": m.max_rel_err, "tol": m.tol, "ratio": m.ratio, "ok": m.ok,
                          "problem": m.problem})
-    return pd.DataFrame(rows, columns=["build", "impl", "case", "status", "metric", "tensor", "max_abs_err",
-                                       "max_rel_err", "tol", "ratio", "ok", "problem"])
+    frame = pd.DataFrame(rows, columns=["build", "impl", "case", "status", "metric", "tensor", "max_abs_err",
+                                        "max_rel_err", "tol", "ratio", "ok", "problem"])
+    # Numbers even when no record compared anything (a store of skipped records): an empty column is untyped.
+    return frame.astype({"max_abs_err": float, "max_rel_err": float, "tol": float, "ratio": float})
 
 
 def _kind(label: str) -> str:

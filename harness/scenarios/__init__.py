@@ -9,18 +9,21 @@ A scenario module has two functions:
 - ``judge_across(case, results)``: in the parent, the checks that need every
   rank's result (sums of per-rank shares, invariants across ranks), as
   ``(name, Metric)`` pairs.
-
-An optional third, ``unsupported_reason(case, impl, device)``, says why a
-build cannot run a case at all (the record is then ``unsupported``).
+and may have a third, asked in the parent before any rank runs the case:
+- ``unsupported_reason(case, impl, device, backend)``: why the scenario cannot
+  run here (a device, a backend, an implementation it needs), or None; such
+  records are ``unsupported`` with that reason (:func:`unsupported_reason`).
 
 - :mod:`~harness.scenarios.layer`: one SyncBN layer (or a converted nested model's layer), step by step;
 - :mod:`~harness.scenarios.model`: SyncBN inside a small network, optionally under DDP and an optimizer
-  (the networks and their float64 oracle in :mod:`~harness.scenarios.networks`).
+  (the networks and their float64 oracle in :mod:`~harness.scenarios.networks`);
+- :mod:`~harness.scenarios.cuda_graph`: a training step captured in a CUDA graph, replayed step by step.
 """
 
 import importlib
+from typing import Optional
 
-SCENARIOS = ("layer", "model")
+SCENARIOS = ("layer", "model", "cuda_graph")
 
 
 def module(name: str):
@@ -28,3 +31,9 @@ def module(name: str):
     if name not in SCENARIOS:
         raise ValueError(f"unknown scenario {name!r}: one of {', '.join(SCENARIOS)}")
     return importlib.import_module(f"harness.scenarios.{name}")
+
+
+def unsupported_reason(case, impl, device: str, backend: str) -> Optional[str]:
+    """Why the case's scenario cannot run ``impl`` on ``device`` over ``backend``, or None (most scenarios: None)."""
+    check = getattr(module(case.scenario), "unsupported_reason", None)
+    return check(case, impl, device, backend) if check is not None else None

@@ -51,7 +51,7 @@ def accumulation(case: Case) -> int:
     return next((int(f.split("=")[1]) for f in case.ddp if f.startswith("no_sync=")), 1)
 
 
-def unsupported_reason(case: Case, impl, device: str) -> Optional[str]:
+def unsupported_reason(case: Case, impl, device: str, backend: str) -> Optional[str]:
     """Why this build cannot run the case (a DDP flag it lacks, a flag the harness does not know)."""
     unknown = [f for f in case.ddp if f not in FLAGS and not f.startswith("no_sync=")]
     if unknown:

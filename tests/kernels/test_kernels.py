@@ -1,78 +1,23 @@
-"""Every syncbn_ref op against a plain-torch float64 reference, and torch.library.opcheck.
+"""Every syncbn_ref op against a plain-torch float64 reference, and torch.library.opcheck (CPU kernels).
 
 Shapes, dtypes and layouts are drawn by hypothesis, including channel counts
-that are not powers of two and above 64, N*spatial == 1, and large offsets.
+that are not powers of two and above 64, N*spatial == 1, and large offsets
+(strategies shared with the CUDA kernel tests: tests/support/kernel_inputs.py;
+the CUDA kernels are tested in test_cuda_kernels.py).
 """
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
-
-DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
-U = {torch.float16: 2**-11, torch.bfloat16: 2**-8, torch.float32: 2**-24, torch.float64: 2**-53}
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-                    derandomize=True)
-
-
-@st.composite
-def inputs(draw, allow_empty=False):
-    ndim = draw(st.sampled_from([2, 3, 4, 5]))
-    n = draw(st.integers(0 if allow_empty else 1, 5))
-    c = draw(st.sampled_from([1, 3, 7, 16, 64, 67, 130]))
-    spatial = tuple(draw(st.integers(1, 6)) for _ in range(ndim - 2))
-    if draw(st.booleans()):  # N * spatial == 1
-        n, spatial = (1 if not allow_empty or n else 0), (1,) * (ndim - 2)
-    dtype = draw(st.sampled_from(DTYPES))
-    fmt = torch.contiguous_format
-    if ndim == 4 and draw(st.booleans()):
-        fmt = torch.channels_last
-    if ndim == 5 and draw(st.booleans()):
-        fmt = torch.channels_last_3d
-    offset = draw(st.sampled_from([0.0, 3.0] + ([1000.0] if dtype in (torch.float32, torch.float64) else [])))
-    scale = draw(st.sampled_from([1.0, 0.01]))
-    seed = draw(st.integers(0, 2**31 - 1))
-    g = torch.Generator().manual_seed(seed)
-    x = offset + scale * torch.randn((n, c, *spatial), generator=g, dtype=torch.float64)
-    x = x.to(dtype).contiguous(memory_format=fmt)
-    return x, g
-
-
-def _fmt(x):
-    """The layout a kernel keeps: channels-last when the tensor is laid out so (and not also NCHW)."""
-    if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
-        return torch.channels_last
-    if x.dim() == 5 and x.is_contiguous(memory_format=torch.channels_last_3d) and not x.is_contiguous():
-        return torch.channels_last_3d
-    return torch.contiguous_format
-
-
-def _dims(x):
-    return [0] + list(range(2, x.dim()))
-
-
-def _chan(v, x):
-    return v.view(1, -1, *([1] * (x.dim() - 2)))
-
-
-def _acc(dtype):
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _close(got, want, dtype, scale=1.0):
-    u = U[dtype]
-    torch.testing.assert_close(got.double(), want.double(), rtol=4 * u, atol=4 * u * scale)
-
-
-def ref_stats(x, eps):
-    x64 = x.double()
-    mean = x64.mean(_dims(x))
-    var = x64.var(_dims(x), unbiased=False)
-    return mean, 1.0 / torch.sqrt(var + eps)
+from kernel_inputs import OPCHECK_CASES, SETTINGS, inputs, ref_stats
+from kernel_inputs import acc_dtype as _acc
+from kernel_inputs import assert_close_u as _close
+from kernel_inputs import layout_of as _fmt
+from kernel_inputs import per_channel as _chan
+from kernel_inputs import reduce_dims as _dims
 
 
 @SETTINGS
@@ -235,26 +180,6 @@ def test_caller_errors_name_the_value(kernels):
         kernels.welford_merge(torch.zeros(2, 4, dtype=torch.float64))
 
 
-OPCHECK_CASES = [
-    ("batch_norm_stats", lambda x, k: (x, 1e-5)),
-    ("batch_norm_elemt", lambda x, k: (x, torch.randn(x.shape[1]), torch.randn(x.shape[1]),
-                                       *k.batch_norm_stats(x, 1e-5), 1e-5)),
-    ("batch_norm_backward_reduce", lambda x, k: (torch.randn_like(x), x, *k.batch_norm_stats(x, 1e-5),
-                                                 torch.randn(x.shape[1]), True, True, True)),
-    ("batch_norm_backward_reduce", lambda x, k: (torch.randn_like(x), x, *k.batch_norm_stats(x, 1e-5),
-                                                 None, True, False, False)),
-    ("batch_norm_backward_elemt", lambda x, k: (torch.randn_like(x), x, *k.batch_norm_stats(x, 1e-5),
-                                                torch.randn(x.shape[1]), torch.randn(x.shape[1]),
-                                                torch.randn(x.shape[1]), torch.tensor([x.numel() // x.shape[1]],
-                                                                                      dtype=torch.int32))),
-    ("batch_norm_gather_stats_with_counts", lambda x, k: (
-        x, torch.stack([k.batch_norm_stats(x, 1e-5)[0]] * 2), torch.stack([k.batch_norm_stats(x, 1e-5)[1]] * 2),
-        torch.zeros(x.shape[1]), torch.ones(x.shape[1]), 0.1, 1e-5, torch.tensor([3.0, 4.0]))),
-    ("welford_stats", lambda x, k: (x,)),
-    ("welford_merge", lambda x, k: (torch.stack([k.welford_stats(x), k.welford_stats(x * 2)]),)),
-]
-
-
 @pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck needs torch >= 2.4")
 @pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=["contiguous", "channels_last"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
@@ -263,30 +188,3 @@ def test_opcheck(kernels, op, make, dtype, fmt):
     x = (torch.randn(4, 67, 3, 5) * 2 + 1).to(dtype).contiguous(memory_format=fmt)
     result = torch.library.opcheck(getattr(kernels, op).default, make(x, kernels))
     assert all(v == "SUCCESS" for v in result.values()), result
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine (CUDA kernels compile in CI "
-                                                          "but can only run on a GPU)")
-@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=["contiguous", "channels_last"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=[str(d)[6:] for d in DTYPES])
-def test_cuda_matches_cpu(kernels, dtype, fmt):
-    x = (torch.randn(8, 67, 6, 5) * 2 + 3).to(dtype).contiguous(memory_format=fmt)
-    dy = torch.randn_like(x)
-    w = torch.randn(67)
-    cpu_stats = kernels.batch_norm_stats(x, 1e-5)
-    gpu_stats = kernels.batch_norm_stats(x.cuda(), 1e-5)
-    for a, b in zip(cpu_stats, gpu_stats):
-        torch.testing.assert_close(b.cpu(), a, rtol=1e-5, atol=1e-5)
-    out_cpu = kernels.batch_norm_elemt(x, w, w, *cpu_stats, 1e-5)
-    out_gpu = kernels.batch_norm_elemt(x.cuda(), w.cuda(), w.cuda(), *[s.cuda() for s in cpu_stats], 1e-5)
-    assert out_gpu.is_contiguous(memory_format=_fmt(x))
-    u = U[dtype]
-    torch.testing.assert_close(out_gpu.cpu().double(), out_cpu.double(), rtol=8 * u, atol=8 * u * 10)
-    r_cpu = kernels.batch_norm_backward_reduce(dy, x, *cpu_stats, w, True, True, True)
-    r_gpu = kernels.batch_norm_backward_reduce(dy.cuda(), x.cuda(), *[s.cuda() for s in cpu_stats], w.cuda(),
-                                               True, True, True)
-    for a, b in zip(r_cpu, r_gpu):
-        torch.testing.assert_close(b.cpu(), a, rtol=1e-4, atol=1e-3 * math.sqrt(x.numel()))
-    rows = kernels.welford_stats(x), kernels.welford_stats(x.cuda())
-    torch.testing.assert_close(rows[1].cpu(), rows[0], rtol=1e-10, atol=1e-9)
