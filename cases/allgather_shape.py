@@ -19,9 +19,10 @@ Catches:
   pytorch#22192).
 
 The generated matrix crosses every batch layout below (world sizes 2, 3 and 4)
-with every dtype combination and memory format; the default selection is a
-pairwise covering subset of it (harness.covering), ``--exhaustive`` the full
-product.
+with every dtype combination, memory format and process-group backend (the
+run's, and nccl-contract: torch's non-gloo code path on CPU); the default
+selection is a pairwise covering subset of it (harness.covering),
+``--exhaustive`` the full product.
 """
 
 from harness.catalog.case import Case
@@ -54,19 +55,27 @@ FORMATS = (
 )
 
 
+# The process-group backend: the run's (gloo on CPU), or nccl-contract, where torch's SyncBatchNorm takes the
+# flat all_gather that nccl and every other non-gloo backend get (see harness.engine.nccl_contract).
+BACKENDS = (None, "nccl-contract")
+
+
 def matrix() -> list[Case]:
     """The full product; the pairwise covering rows are marked default."""
-    factors = [range(len(LAYOUTS)), range(len(DTYPES)), range(len(FORMATS))]
+    factors = [range(len(LAYOUTS)), range(len(DTYPES)), range(len(FORMATS)), range(len(BACKENDS))]
     covering = set(pairwise(factors))
     out = []
     for li, (layout, batches) in enumerate(LAYOUTS):
         for di, (dtype, pdtype) in enumerate(DTYPES):
             for fi, (fmt, spatial) in enumerate(FORMATS):
                 ws = len(batches)
-                out.append(Case(
+                case = Case(
                     id=f"{FAMILY}/{layout}/{dtype}-{pdtype}/{fmt}/ws{ws}", family=FAMILY, batch_sizes=batches,
                     spatial=(spatial,) * ws, dtype=dtype, param_dtype=pdtype, memory_format=fmt, channels=5,
-                    input_mean=0.5, input_scale=2.0, default=(li, di, fi) in covering))
+                    input_mean=0.5, input_scale=2.0, default=(li, di, fi, 0) in covering)
+                out.append(case)
+                for bi, backend in enumerate(BACKENDS[1:], start=1):
+                    out.append(case.on_backend(backend, default=(li, di, fi, bi) in covering))
     return out
 
 

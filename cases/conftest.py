@@ -1,8 +1,9 @@
 """``pytest cases/``: one test item per (case, implementation), run through the harness's warm pools.
 
 Options: ``--impl NAME`` (repeatable; default: every built-in implementation),
-``--case GLOB`` (repeatable), ``--exhaustive``, ``--device``, ``--timeout``.
-Each pytest session (each xdist worker) keeps one pool per world size; their
+``--case GLOB`` (repeatable), ``--exhaustive``, ``--device``, ``--backend``,
+``--timeout``. Each pytest session (each xdist worker) keeps one pool per
+world size and backend; their
 rendezvous ports come from the OS, so ``pytest cases/ -n 2`` never collides.
 Item IDs read like the case, with the implementation last:
 ``test_case[allgather-shape/uneven-2-6/float16-float32/channels_last/ws2-reference]``.
@@ -16,12 +17,16 @@ import pytest
 
 
 def pytest_addoption(parser):
+    from harness.selection import BACKENDS, DEVICES
+
     group = parser.getgroup("syncbn-harness")
     group.addoption("--impl", action="append", default=[], metavar="NAME",
                     help="implementation to test (repeatable): reference, torch, apex, MODULE:ATTR")
     group.addoption("--case", action="append", default=[], metavar="GLOB", help="case ID pattern (repeatable)")
     group.addoption("--exhaustive", action="store_true", help="the full product instead of the default selection")
-    group.addoption("--device", default=None, choices=["cpu", "cuda"], help="default: cuda if available")
+    group.addoption("--device", default=None, choices=list(DEVICES), help="default: cuda if available")
+    group.addoption("--backend", default=None, choices=list(BACKENDS),
+                    help="process-group backend (default: nccl on cuda, gloo on cpu)")
     group.addoption("--timeout", type=float, default=None, help="seconds per case before it is a hang (default 120)")
 
 
@@ -31,7 +36,7 @@ def selection_of(config):
 
     return Selection(impls=config.getoption("--impl"), case_patterns=config.getoption("--case"),
                      exhaustive=config.getoption("--exhaustive"), device=config.getoption("--device"),
-                     timeout=config.getoption("--timeout"))
+                     backend=config.getoption("--backend"), timeout=config.getoption("--timeout"))
 
 
 def pytest_generate_tests(metafunc):

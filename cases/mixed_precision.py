@@ -42,4 +42,11 @@ def cases() -> list[Case]:
         _case("offset", "float16", "float32", input_mean=20.0),
         _case("steps-train-eval", "bfloat16", "float32", steps=("train", "train", "eval")),
     ]
+    # torch's non-gloo code path (nccl-contract on CPU): the same cases; the uneven and empty-rank half ones by
+    # default, where the flat all_gather's operands differ most between ranks.
+    out += [c.on_backend("nccl-contract", default=c.id in NON_GLOO_DEFAULT) for c in out]
     return out
+
+
+NON_GLOO_DEFAULT = (f"{FAMILY}/uneven/float16-float32/ws2", f"{FAMILY}/empty-rank/float16-float32/ws2",
+                    f"{FAMILY}/count-2049/float16-float16/ws2")

@@ -23,7 +23,7 @@ from harness.errors import UsageError
 
 DEFAULT_TIMEOUT_S = 120.0
 DEVICES = ("cpu", "cuda")
-BACKENDS = ("gloo", "nccl")
+BACKENDS = ("gloo", "nccl", "nccl-contract")
 
 
 def default_device() -> str:
@@ -53,7 +53,10 @@ class Selection:
         if self.backend is not None and self.backend not in BACKENDS:
             raise UsageError(f"--backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
         if self.device == "cpu" and self.backend == "nccl":
-            raise UsageError("--backend nccl needs --device cuda: on CPU use --backend gloo")
+            raise UsageError("--backend nccl needs --device cuda: on CPU use --backend gloo, or --backend "
+                             "nccl-contract for torch's non-gloo code path")
+        if self.device == "cuda" and self.backend == "nccl-contract":
+            raise UsageError("--backend nccl-contract is a CPU backend: with --device cuda use --backend nccl")
 
     @cached_property
     def resolved_device(self) -> str:
@@ -88,6 +91,9 @@ class Selection:
         """The :class:`~harness.engine.session.RunOptions` these flags ask for."""
         from harness.engine.session import RunOptions
 
+        if self.backend == "nccl-contract" and self.resolved_device != "cpu":
+            raise UsageError("--backend nccl-contract is a CPU backend: add --device cpu (on cuda, --backend nccl "
+                             "runs torch's non-gloo path itself)")
         opts = {"device": self.resolved_device, "backend": self.resolved_backend,
                 "timeout": self.timeout or DEFAULT_TIMEOUT_S}
         opts.update(overrides)

@@ -31,6 +31,7 @@ import torch
 # Step kind -> what the normalization does in it: "train" (batch statistics, synchronized) or "eval".
 STEP_KINDS = {"train": "train", "fwd": "train", "nograd": "train", "eval": "eval", "eval-rank0": "eval"}
 INPUT_LAYOUTS = ("dense", "permuted", "sliced")
+CASE_BACKENDS = (None, "nccl-contract")  # None: the run's backend
 
 DTYPES = {
     "float16": torch.float16,
@@ -43,6 +44,11 @@ MEMORY_FORMATS = {
     "channels_last": torch.channels_last,
     "channels_last_3d": torch.channels_last_3d,
 }
+
+
+def seed_of(case_id: str) -> int:
+    """The seed a case derives from its id (a family may give a variant its twin's, to share the data)."""
+    return zlib.crc32(case_id.encode()) & 0x7FFFFFFF
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,9 @@ class Case:
     input_layout: str = "dense"  # "permuted" / "sliced": the input is a view dense in no memory format
     optimizer: Optional[str] = None  # model scenarios: "sgd" (with momentum) or "adam"
     ddp: tuple[str, ...] = ()  # model scenarios under DistributedDataParallel: its flags (see scenarios.model)
+    # The process-group backend of this case when it is not the run's: "nccl-contract" runs torch's non-gloo
+    # code path on CPU (see harness.engine.nccl_contract).
+    backend: Optional[str] = None
     seed: int = -1  # -1: derived from the id, so a case's data never changes with catalog order
     default: bool = True  # in the default selection (else only with --exhaustive)
     note: str = ""
@@ -98,8 +107,21 @@ class Case:
             raise ValueError(f"case {self.id}: input_layout must be one of {INPUT_LAYOUTS}")
         if not self.id.startswith(self.family + "/"):
             raise ValueError(f"case id {self.id!r} must start with its family {self.family!r}/")
+        if self.backend not in CASE_BACKENDS:
+            raise ValueError(f"case {self.id}: backend must be one of {CASE_BACKENDS}")
         if self.seed < 0:
-            object.__setattr__(self, "seed", zlib.crc32(self.id.encode()) & 0x7FFFFFFF)
+            object.__setattr__(self, "seed", seed_of(self.id))
+
+    def on_backend(self, backend: str, *, default: Optional[bool] = None) -> "Case":
+        """This case over ``backend`` instead of the run's: the id gets ``/<backend>``, the data stays the same."""
+        from dataclasses import replace
+
+        return replace(self, id=f"{self.id}/{backend}", backend=backend, seed=self.seed,
+                       default=self.default if default is None else default)
+
+    def backend_for(self, run_backend: str) -> str:
+        """The backend this case runs on in a run over ``run_backend``."""
+        return self.backend or run_backend
 
     @property
     def world_size(self) -> int:
@@ -136,6 +158,7 @@ class Case:
             "input_layout": self.input_layout,
             "optimizer": self.optimizer,
             "ddp": list(self.ddp),
+            "backend": self.backend,
         }
 
     def sizes_at(self, step: int) -> tuple[int, ...]:

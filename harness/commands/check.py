@@ -68,7 +68,7 @@ def check_exit_code(selection) -> int:
         from harness.engine.session import run_selection
 
         impls = selection.resolve_impls()
-        for r in run_selection(selection.cases, impls, selection.run_options()):
+        for r in run_selection(selection.cases, impls, selection.run_options(diagnose=False)):
             if not r.ran:
                 not_run.setdefault(f"{r.impl} {r.status.value}", r.message)
                 continue

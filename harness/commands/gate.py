@@ -19,10 +19,13 @@ from harness.commands._options import growth_options, selection_options, store_o
 @click.option("--allow-missing", is_flag=True,
               help="Pass even when the current records lack (case, impl) pairs the baseline ran (a deliberate "
                    "subset). Without it, each is a failure of the gate, listed as MISSING.")
+@click.option("--fail-on-collectives-change", "fail_on_collectives", is_flag=True,
+              help="Also fail when a (case, impl) keeps its status but its ranks issue other collectives than in "
+                   "the baseline (count, op, dtype or size). Without it such changes are listed, not failing.")
 @click.option("--junit", type=click.Path(dir_okay=False), default=None,
               help="Write JUnit XML here: one testcase per (case, impl), failing on a regression or a missing "
                    "result.")
-def gate(baseline_path, store_dir, selection, growth, growth_floor, allow_missing, junit):
+def gate(baseline_path, store_dir, selection, growth, growth_floor, allow_missing, fail_on_collectives, junit):
     """Compare the current build with a baseline; exit 1 on any regression or missing result, 0 otherwise.
 
     A regression is a baseline pass that is anything else now, or error growth beyond --growth. A missing result
@@ -40,7 +43,8 @@ def gate(baseline_path, store_dir, selection, growth, growth_floor, allow_missin
                                           selection.case_patterns)
     else:
         current = run_current(selection)
-    result = gate_mod.evaluate(baseline, current, GrowthRule(growth, growth_floor), allow_missing=allow_missing)
+    result = gate_mod.evaluate(baseline, current, GrowthRule(growth, growth_floor), allow_missing=allow_missing,
+                               fail_on_collectives=fail_on_collectives)
     click.echo(gate_mod.format_result(result, baseline_path))
     if junit:
         junit_xml.write(gate_mod.junit_rows(result), junit, suite_name="syncbn-harness gate")
@@ -64,7 +68,7 @@ def run_current(selection) -> list:
     impls = selection.resolve_impls()
     out = []
     with Progress(len(selection.cases) * len(impls), enabled=wanted(sys.stderr)) as bar:
-        for record in run_selection(selection.cases, impls, selection.run_options()):
+        for record in run_selection(selection.cases, impls, selection.run_options(diagnose=False)):
             bar.update(record)
             out.append(record)
     return out

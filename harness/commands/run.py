@@ -24,7 +24,10 @@ from harness.commands._options import default_store, selection_options, store_op
 @click.option("--compare", default=None, metavar="A,B",
               help="A's records also say how A differs from B on the same inputs (both are run).")
 @click.option("-v", "--verbose", is_flag=True, help="List every record in the table, not only those that need a look.")
-def run(selection, store_dir, resume, fmt, junit, compare, verbose):
+@click.option("--no-diagnose", is_flag=True,
+              help="Do not run an unexpected crash or hang a second time with TORCH_DISTRIBUTED_DEBUG=DETAIL (the "
+                   "second run's messages go into the record as its diagnosis; the status is the first run's).")
+def run(selection, store_dir, resume, fmt, junit, compare, verbose, no_diagnose):
     """Run the selected cases, store and print the records.
 
     Exit 0 when nothing failed unexpectedly (known issues do not count), 1 on any mismatch, error, crash or hang
@@ -38,7 +41,7 @@ def run(selection, store_dir, resume, fmt, junit, compare, verbose):
 
     pair = parse_compare(compare) if compare else None
     impls = selection.resolve_impls(extra=pair or ())
-    opts = selection.run_options(compare=pair)
+    opts = selection.run_options(compare=pair, diagnose=not no_diagnose)
     cases = selection.cases
     store_dir = store_dir or default_store()
     total = len(cases) * len(impls)

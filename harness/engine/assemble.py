@@ -3,9 +3,12 @@
 Used by the local pool (:mod:`harness.engine.session`) and by torchrun
 (:mod:`harness.engine.torchrun`) alike. A record gets the case's parameters,
 the build's identity, every rank's outcome, every rank's metrics (prefixed
-``rank<r>.``), the checks across ranks of the case's scenario (a rank-level
-pass can still be a case-level mismatch there), and what the known-issues
-file says of it.
+``rank<r>.``), the first collective the ranks disagreed on
+(:func:`harness.judge.desync.first_divergence`: named first in the message,
+ahead of the crash or hang it causes, and a mismatch where nothing else
+failed), the checks across ranks of the case's scenario (a rank-level pass
+can still be a case-level mismatch there), and what the known-issues file
+says of it.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from typing import Optional
 
 from harness.buildinfo import BuildInfo
 from harness.engine.attribution import message as attribution_message
+from harness.judge.desync import first_divergence
 from harness.results.known_issues import annotate
-from harness.results.records import Record, Status
+from harness.results.records import RankStatus, Record, Status
 
 
 def now() -> str:
@@ -49,6 +53,13 @@ def from_outcome(case, impl, info: BuildInfo, device: str, backend: str, outcome
     metrics = {f"rank{res.rank}.{name}": m for res in results for name, m in res.metrics.items()}
     status = outcome.status
     text = attribution_message(outcome.ranks)
+    desync = first_divergence({o.rank: o.collectives for o in outcome.ranks},
+                              [r.rank for r in results if r.status in (RankStatus.PASS, RankStatus.MISMATCH)])
+    if desync is not None:
+        # The cause goes first: the crash, hang or wrong numbers that follow are its consequences.
+        text = "; ".join(filter(None, [f"desync: {desync.message}", text]))
+        if status == Status.PASS:
+            status = Status.MISMATCH
     if status in (Status.PASS, Status.MISMATCH):
         bad = []
         for name, m in scenario(case.scenario).judge_across(case, results):
@@ -62,7 +73,7 @@ def from_outcome(case, impl, info: BuildInfo, device: str, backend: str, outcome
     return record(case, impl, info, device, backend, status, text, ranks=outcome.ranks, metrics=metrics,
                   duration_s=round(duration, 4), started_at=started,
                   impl_version=first.impl_version if first else None, mode=first.mode if first else None,
-                  compare=merge_compare(results))
+                  compare=merge_compare(results), desync=desync.to_dict() if desync else None)
 
 
 def merge_compare(results: list) -> Optional[dict]:

@@ -44,6 +44,7 @@ class Observation:
     exit_code: Optional[int] = None  # the process ended: its exit code (negative: killed by that signal)
     died: bool = False
     stack_dump: str = ""  # faulthandler dump of a silent rank, or the log tail of a dead one
+    collectives: Optional[list] = None  # what a rank without an answer had issued (its sink file), if known
 
 
 def signal_name(code: Optional[int]) -> Optional[str]:
@@ -86,10 +87,10 @@ def attribute(observations: list[Observation], *, failed_first: bool,
         elif ob.died:
             outcomes.append(RankOutcome(rank=ob.rank, status=RankStatus.CRASH, exit_code=ob.exit_code,
                                         signal=signal_name(ob.exit_code), message=describe_exit(ob.exit_code),
-                                        stack_dump=ob.stack_dump))
+                                        stack_dump=ob.stack_dump, collectives=ob.collectives))
         else:
             o = RankOutcome(rank=ob.rank, status=RankStatus.HANG, stack_dump=ob.stack_dump,
-                            message=f"no answer within {timeout:g}s")
+                            message=f"no answer within {timeout:g}s", collectives=ob.collectives)
             if failed_first or in_collective(ob.stack_dump):
                 o.status = RankStatus.PEER_FAILED
                 o.message = ("waiting in a collective for a rank that failed" if failed_first

@@ -8,8 +8,13 @@ that each call is written down, as plain data, before it is issued:
     {"op": "all_gather", "group": [0, 1], "dtype": "float32", "shape": [9], "numel": 9, "step": 0}
 
 The wrapper changes nothing else: same arguments, same result. A scenario
-marks the step it is in (:func:`mark_step`) and takes the calls of a task at the
-end (:func:`recorded`). Inside :func:`forbid_collectives` (a step where no rank may talk to
+marks the step it is in (:func:`mark_step`); the calls of a task are
+:func:`recorded` (from :func:`begin_task` on). With a ``sink`` file, each call
+is also appended to it as one JSON line before it is issued (an unbuffered
+write, so it survives the process dying inside the collective): the parent
+reads a crashed or silent rank's calls there with :func:`read_sink`.
+
+Inside :func:`forbid_collectives` (a step where no rank may talk to
 another, such as evaluation on one rank while the others wait) a call raises
 :class:`CollectiveForbidden` before anything is sent: the rank fails at once,
 with a message naming the collective, instead of leaving its peers hanging.
@@ -22,6 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
+import os
 from typing import Optional
 
 # name -> (index of the tensor argument to describe, or None)
@@ -44,11 +51,17 @@ _calls: list[dict] = []
 _step: Optional[int] = None
 _forbidden: Optional[str] = None
 _installed = False
+_sink: Optional[int] = None  # file descriptor of the sink file
 
 
-def install_recorder() -> None:
-    """Wrap the collectives in this process (once); a no-op where torch.distributed is unavailable."""
-    global _installed
+def install_recorder(sink: Optional[str] = None) -> None:
+    """Wrap the collectives in this process (once); a no-op where torch.distributed is unavailable.
+
+    ``sink``: a file that gets every call of the current task as a JSON line, written before the call is issued.
+    """
+    global _installed, _sink
+    if sink is not None and _sink is None:
+        _sink = os.open(sink, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
     if _installed:
         return
     import torch.distributed as dist
@@ -76,6 +89,8 @@ def _wrap(name: str, arg: Optional[int], original):
             raise CollectiveForbidden(f"{name} issued during {_forbidden} ({_short(entry)}): no rank may talk to "
                                       "another there, so its peers would wait forever")
         _calls.append(entry)
+        if _sink is not None:
+            os.write(_sink, (json.dumps(entry) + "\n").encode())
         return original(*args, **kwargs)
 
     call.__syncbn_wrapped__ = True
@@ -123,9 +138,11 @@ def _short(entry: dict) -> str:
 
 
 def begin_task() -> None:
-    """Forget earlier calls: a new task starts."""
+    """Forget earlier calls (and empty the sink): a new task starts."""
     global _step, _forbidden
     _calls.clear()
+    if _sink is not None:
+        os.ftruncate(_sink, 0)
     _step, _forbidden = None, None
 
 
@@ -137,8 +154,25 @@ def mark_step(index: Optional[int]) -> None:
 
 def recorded() -> list[dict]:
     """The calls recorded since :func:`begin_task`, in order."""
-    out = list(_calls)
-    _calls.clear()
+    return list(_calls)
+
+
+def read_sink(path) -> Optional[list[dict]]:
+    """The calls a rank wrote to its sink file during its current task (None if there is no such file).
+
+    A line cut short (the process died while writing it) is left out.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
     return out
 
 
@@ -152,7 +186,3 @@ def forbid_collectives(why: str):
     finally:
         _forbidden = previous
 
-
-def short_call(entry: dict) -> str:
-    """``all_gather float16[9] over ranks [0, 1]``: one collective, as people read it."""
-    return _short(entry)

@@ -10,7 +10,9 @@ One task (:meth:`Pool.run`): the parent sends it to every rank and waits on
 every rank's pipe and process sentinel until all have answered or the
 timeout expires. After a first failure (an exception or a death) the others
 get ``PEER_GRACE_S`` to answer. Ranks still silent then have their Python
-stacks dumped (faulthandler on SIGUSR1, into their logs), and
+stacks dumped (faulthandler on SIGUSR1, into their logs); the collectives a
+rank without an answer had issued are read from the file it writes them to
+before issuing each (``rank<r>.calls`` beside its log); and
 :func:`harness.engine.attribution.attribute` decides who is to blame. After
 any failure the pool is torn down (every child killed and reaped): a rank
 left inside a collective cannot take another task. The next task starts a
@@ -33,8 +35,9 @@ from pathlib import Path
 from typing import Optional
 
 from harness.engine.attribution import Observation, attribute, describe_exit
+from harness.engine.collectives import read_sink
 from harness.engine.messages import RankResult, Task
-from harness.engine.rank import START_TIMEOUT_S, rank_main, timedelta
+from harness.engine.rank import START_TIMEOUT_S, calls_path, rank_main, timedelta
 from harness.errors import HarnessError
 from harness.results.records import RankOutcome, RankStatus, Status
 
@@ -63,12 +66,17 @@ class Pool:
     """``world_size`` rank processes started once; :meth:`run` sends them one task at a time."""
 
     def __init__(self, world_size: int, *, backend: str = "gloo", device: str = "cpu",
-                 setup_impls: tuple[str, ...] = (), start_timeout: float = START_TIMEOUT_S):
+                 setup_impls: tuple[str, ...] = (), start_timeout: float = START_TIMEOUT_S,
+                 start_method: Optional[str] = None, env: Optional[dict[str, str]] = None):
+        """``start_method``: forkserver or spawn (default: :func:`start_context`'s choice); ``env``: variables
+        the ranks have from their first instruction on (set before they import torch: use spawn for that)."""
         self.world_size = world_size
         self.backend = backend
         self.device = device
         self.setup_impls = setup_impls
         self.start_timeout = start_timeout
+        self.start_method = start_method
+        self.env = dict(env or {})
         self.procs: list = []
         self.conns: list = []
         self.logdir: Optional[Path] = None
@@ -91,9 +99,9 @@ class Pool:
         self.logdir = Path(tempfile.mkdtemp(prefix=f"syncbn-pool-ws{self.world_size}-"))
         self._store = dist.TCPStore("127.0.0.1", 0, self.world_size + 1, True, wait_for_workers=False,
                                     timeout=timedelta(self.start_timeout))
-        ctx = start_context()
+        ctx = start_context(self.start_method)
         try:
-            with _children_ignore_sigint():
+            with _children_ignore_sigint(), _environment(self.env):
                 self._spawn(ctx)
             self._await_ready()
         except BaseException:
@@ -190,6 +198,7 @@ class Pool:
                 if msg is None:  # the process is gone
                     self.procs[r].join(timeout=STOP_WAIT_S)
                     ob.died, ob.exit_code, ob.stack_dump = True, self.procs[r].exitcode, self.log_tail(r)
+                    ob.collectives = self.calls_of(r)
                     first_failure = first_failure or time.monotonic()
                 else:
                     ob.result = RankResult.from_dict(msg.get("result", {"rank": r}))
@@ -198,6 +207,7 @@ class Pool:
                 pending.discard(r)
         for r in sorted(pending):
             observations[r].stack_dump = self.dump_stack(r)
+            observations[r].collectives = self.calls_of(r)
         status, outcomes = attribute(list(observations.values()), failed_first=first_failure is not None,
                                      timeout=timeout)
         if status in (Status.ERROR, Status.CRASH, Status.HANG) or any(
@@ -250,6 +260,10 @@ class Pool:
                 break
         return text[-LOG_TAIL:]
 
+    def calls_of(self, r: int) -> Optional[list]:
+        """The collectives rank ``r`` issued in the current task, from its sink file (None if unknown)."""
+        return read_sink(calls_path(str(self.logdir / f"rank{r}.log"))) if self.logdir else None
+
     def log_tail(self, r: int, limit: int = LOG_TAIL) -> str:
         if self.logdir is None:
             return ""
@@ -263,7 +277,7 @@ PRELOAD = ("harness.engine.rank", "harness.scenarios.layer", "harness.scenarios.
            "torch.fx.experimental.symbolic_shapes")  # the first backward imports it (and sympy): 0.8 s
 
 
-def start_context():
+def start_context(method: Optional[str] = None):
     """How rank processes are started: forked from a forkserver that has torch imported, where there is one.
 
     Restarting a pool after a failure (a crash, a hang) then costs a fork per rank, not a new interpreter
@@ -271,7 +285,7 @@ def start_context():
     forces fresh interpreters. Either way a rank gets the parent's environment of the moment (not the
     forkserver's), see :func:`harness.engine.rank.rank_main`.
     """
-    method = os.environ.get("SYNCBN_HARNESS_START_METHOD") or (
+    method = method or os.environ.get("SYNCBN_HARNESS_START_METHOD") or (
         "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
     if method not in ("forkserver", "spawn"):
         raise HarnessError(f"SYNCBN_HARNESS_START_METHOD={method!r}: use forkserver or spawn")
@@ -279,6 +293,21 @@ def start_context():
     if method == "forkserver":
         ctx.set_forkserver_preload(list(PRELOAD))
     return ctx
+
+
+@contextlib.contextmanager
+def _environment(env: dict[str, str]):
+    """``env`` set in this process while ranks are started (a spawned rank inherits it at exec), then undone."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextlib.contextmanager

@@ -14,7 +14,9 @@ its rank given explicitly): nothing of the caller's rendezvous environment
 reaches it. Everything it prints, Python or C++, goes to its log file, which
 the parent reads for crash reports; faulthandler writes a crash's traceback
 there and dumps every thread's stack there on SIGUSR1 (how the parent asks a
-silent rank where it is). A rank ignores SIGINT (the parent handles Ctrl-C)
+silent rank where it is). Beside the log (:func:`calls_path`) the rank writes
+each collective of its current task before issuing it, so the parent knows
+what a rank that died or went silent said last. A rank ignores SIGINT (the parent handles Ctrl-C)
 and dies with its parent (PR_SET_PDEATHSIG, and a thread polling the parent
 id), so a SIGKILLed harness leaves no rank behind. On CUDA, a rank makes
 GPU ``rank mod count`` its current device before joining (:func:`gpu_index`),
@@ -36,9 +38,11 @@ import traceback
 from typing import Optional
 
 from harness.catalog.case import Case
-from harness.engine.collectives import begin_task, install_recorder
+from harness.engine import nccl_contract
+from harness.engine.collectives import begin_task, install_recorder, recorded
 from harness.engine.messages import RankResult, Task
 from harness.impls.registry import resolve
+from harness.judge.desync import eval_checks, group_checks
 from harness.results.records import RankStatus
 from harness.scenarios import module as scenario_named
 
@@ -97,7 +101,13 @@ def run_task(ctx: RankContext, task: Task, scenario=None) -> RankResult:
         impl = ctx.impl(task.impl, task.device)
         result.impl_version = impl.version()
         result.mode = impl.mode
-        (scenario or scenario_module(case)).run_rank(ctx, case, impl, task.device, result, task.compare)
+        try:
+            (scenario or scenario_module(case)).run_rank(ctx, case, impl, task.device, result, task.compare)
+        finally:
+            result.collectives = recorded()
+        # What the rank said goes first: a wrong collective is the cause of the wrong tensors after it.
+        said = eval_checks(case, result.collectives) + group_checks(case, ctx.rank, result.collectives)
+        result.metrics = dict(said + [(k, m) for k, m in result.metrics.items() if k not in dict(said)])
         bad = [(name, m) for name, m in result.metrics.items() if not m.ok]
         result.status = RankStatus.MISMATCH if bad else RankStatus.PASS
         result.message = "; ".join(f"{name}: {m.describe()}" for name, m in bad[:4]) + (
@@ -165,6 +175,11 @@ def timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
 
 
+def calls_path(log_path: str) -> str:
+    """Where a rank writes its current task's collectives, beside its log (``rank0.log`` -> ``rank0.calls``)."""
+    return os.path.splitext(log_path)[0] + ".calls"
+
+
 def rank_main(rank: int, world_size: int, port: int, conn, log_path: str, parent_pid: int, backend: str,
               device: str, setup_impls: tuple, environ: dict) -> None:
     """Entry point of a pool's rank process: join, prepare, then serve tasks until told to stop.
@@ -203,9 +218,11 @@ def rank_main(rank: int, world_size: int, port: int, conn, log_path: str, parent
         if gpu is not None:
             torch.cuda.set_device(gpu)  # before init: nccl binds a rank's communicator to its current device
         store = dist.TCPStore("127.0.0.1", port, world_size + 1, False, timeout=timedelta(START_TIMEOUT_S))
+        if backend == nccl_contract.NAME:
+            nccl_contract.register()
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(START_TIMEOUT_S))
-        install_recorder()
+        install_recorder(sink=calls_path(log_path))
         ctx = RankContext(rank, world_size)
         for key in setup_impls:
             ctx.impl(key, device)

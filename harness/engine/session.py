@@ -4,8 +4,9 @@
 ``gate`` and ``repro``; :class:`Session` is what it and the pytest plugin of
 ``cases/`` use to run one (case, impl) at a time. Records are yielded as
 cases finish, so callers can store and print them one by one. Cases are
-grouped by world size; the pool of a world size starts when first needed and
-is closed when its cases are done, or killed on any exception (Ctrl-C and
+grouped by world size and backend (a case may name its own, see
+``Case.backend``); the pool of each starts when first needed and is closed
+when its cases are done, or killed on any exception (Ctrl-C and
 SIGTERM included), so no rank outlives the run.
 
 On CUDA, ranks share the GPUs round-robin (rank r uses GPU r mod count, see
@@ -23,6 +24,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 from harness.buildinfo import BuildInfo, build_info
 from harness.engine import assemble
+from harness.engine.diagnosis import diagnose
 from harness.engine.messages import Task
 from harness.engine.pool import Pool
 from harness.errors import ImplUnavailable, UsageError
@@ -40,6 +42,8 @@ class RunOptions:
     timeout: float = DEFAULT_TIMEOUT_S
     # (A, B): A's records also say how A differs from B on the same inputs (``--compare A,B``).
     compare: Optional[tuple[str, str]] = None
+    # An unexpected crash or hang is run once more with collective debugging (harness.engine.diagnosis).
+    diagnose: bool = True
 
     @property
     def resolved_backend(self) -> str:
@@ -82,7 +86,7 @@ def resolve_impls(names: Iterable[str]) -> list:
 
 
 class Session:
-    """Warm pools kept across calls (one per world size), for running (case, impl) one at a time.
+    """Warm pools kept across calls (one per world size and backend), for running (case, impl) one at a time.
 
     Implementations that cannot run here are found once, at the start: their
     records are ``skipped`` with the reason (:attr:`unavailable`).
@@ -103,7 +107,7 @@ class Session:
                 self.unavailable.setdefault(impl.name, "no CUDA device on this machine")
         self._setup = tuple(i.key for i in impls if i.name not in self.unavailable)
         self.gpus = visible_gpus(opts.device)
-        self.pools: dict[int, Pool] = {}
+        self.pools: dict[tuple[int, str], Pool] = {}
 
     def _record(self, case, impl, status: Status, reason: str) -> Record:
         return assemble.not_run(case, impl, self.info, self.opts.device, self.opts.resolved_backend, status, reason)
@@ -111,30 +115,36 @@ class Session:
     def run_one(self, case, impl) -> Record:
         """The record of one (case, impl): skipped, unsupported, or run in the warm pool of its world size."""
         opts = self.opts
+        backend = case.backend_for(opts.resolved_backend)
         if impl.name in self.unavailable:
             return self._record(case, impl, Status.SKIPPED, self.unavailable[impl.name])
-        reason = impl.unsupported_reason(case, opts.device) or scenario_unsupported(
-            case, impl, opts.device, opts.resolved_backend)
+        reason = impl.unsupported_reason(case, opts.device) or scenario_unsupported(case, impl, opts.device, backend)
         if reason:
             return self._record(case, impl, Status.UNSUPPORTED, reason)
-        reason = gpu_shortage(opts.device, opts.resolved_backend, case.world_size, self.gpus)
+        reason = gpu_shortage(opts.device, backend, case.world_size, self.gpus)
         if reason:
             return self._record(case, impl, Status.SKIPPED, reason)
-        pool = self.pools.get(case.world_size)
+        key = pool_key(case, opts.resolved_backend)
+        pool = self.pools.get(key)
         if pool is None:
-            pool = self.pools[case.world_size] = Pool(case.world_size, backend=opts.resolved_backend,
-                                                      device=opts.device, setup_impls=self._setup)
+            pool = self.pools[key] = Pool(case.world_size, backend=backend, device=opts.device,
+                                          setup_impls=self._setup)
         started, t0 = assemble.now(), time.perf_counter()
         compare = opts.compare[1] if opts.compare and impl.name == opts.compare[0] else None
-        outcome = pool.run(Task(case=case.to_dict(), impl=impl.key, device=opts.device, compare=compare),
-                           timeout=opts.timeout)
-        return assemble.from_outcome(case, impl, self.info, opts.device, opts.resolved_backend, outcome, started,
-                                     time.perf_counter() - t0)
+        task = Task(case=case.to_dict(), impl=impl.key, device=opts.device, compare=compare)
+        outcome = pool.run(task, timeout=opts.timeout)
+        # The record is the run's (its build key names the run's backend); a case that names its own backend
+        # says so in its parameters.
+        record = assemble.from_outcome(case, impl, self.info, opts.device, opts.resolved_backend, outcome, started,
+                                       time.perf_counter() - t0)
+        if opts.diagnose and record.status in (Status.CRASH, Status.HANG) and not record.known:
+            record.diagnosis = diagnose(task, case.world_size, backend, opts.device, opts.timeout)
+        return record
 
-    def close(self, world_size: Optional[int] = None, *, kill: bool = False) -> None:
-        """Stop the pool of one world size (or all): politely, or at once with ``kill``."""
-        for ws in [world_size] if world_size is not None else list(self.pools):
-            pool = self.pools.pop(ws, None)
+    def close(self, key: Optional[tuple[int, str]] = None, *, kill: bool = False) -> None:
+        """Stop one pool (``key``: world size and backend) or all: politely, or at once with ``kill``."""
+        for k in [key] if key is not None else list(self.pools):
+            pool = self.pools.pop(k, None)
             if pool is None:
                 continue
             if kill:
@@ -143,23 +153,28 @@ class Session:
                 pool.close()
 
 
+def pool_key(case, run_backend: str) -> tuple[int, str]:
+    """The pool a case runs in: its world size and its backend."""
+    return case.world_size, case.backend_for(run_backend)
+
+
 def run_selection(cases: list, impls: list, opts: RunOptions, info: Optional[BuildInfo] = None,
                   pairs: Optional[set[tuple[str, str]]] = None) -> Iterator[Record]:
-    """Yield one record per (case, impl), running what can run in warm pools (one world size at a time).
+    """Yield one record per (case, impl), running what can run in warm pools (one pool at a time).
 
     ``pairs``: only these (case id, impl name) pairs (``--resume`` runs what the store lacks).
     """
     session = Session(impls, opts, info)
-    by_ws: dict[int, list] = {}
+    by_pool: dict[tuple[int, str], list] = {}
     for case in cases:
-        by_ws.setdefault(case.world_size, []).append(case)
+        by_pool.setdefault(pool_key(case, opts.resolved_backend), []).append(case)
     try:
-        for ws in sorted(by_ws):
-            for case in by_ws[ws]:
+        for key in sorted(by_pool):
+            for case in by_pool[key]:
                 for impl in impls:
                     if pairs is None or (case.id, impl.name) in pairs:
                         yield session.run_one(case, impl)
-            session.close(ws)
+            session.close(key)
     except BaseException:
         # Ctrl-C, SIGTERM, a closed generator or a bug: ranks may be busy or stuck, do not wait for them.
         session.close(kill=True)

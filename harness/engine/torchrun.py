@@ -50,6 +50,7 @@ from typing import Callable, Optional
 
 from harness.engine import assemble
 from harness.engine.attribution import Observation, attribute
+from harness.engine import nccl_contract
 from harness.engine.collectives import install_recorder
 from harness.engine.messages import RankResult, Task
 from harness.engine.rank import RankContext, run_task, timedelta
@@ -102,6 +103,14 @@ class Heartbeats:
         return 0 if 0 in live else min(live)
 
 
+
+def fixed_backend(case, run_backend: str) -> Optional[str]:
+    """Why a case that names its own backend cannot run in this job (None: it can)."""
+    if case.backend_for(run_backend) != run_backend:
+        return (f"the case runs over {case.backend}, and a torchrun job has one backend ({run_backend}): run it "
+                f"with --backend {case.backend}, or without torchrun")
+    return None
+
 class Job:
     """This rank's part of a torchrun job over the selected cases (see the module docstring)."""
 
@@ -131,6 +140,8 @@ class Job:
         # SIGTERM (torchrun stopping the job after a worker died) is taken by the watchdog thread, which can
         # act while the main thread is blocked inside a collective; threads started from here inherit the mask.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        if self.opts.resolved_backend == nccl_contract.NAME:
+            nccl_contract.register()
         dist.init_process_group(self.opts.resolved_backend, init_method="env://",
                                 timeout=timedelta(self.opts.timeout + 60))
         try:
@@ -161,7 +172,8 @@ class Job:
                 reason, status = unavailable.get(impl.name), Status.SKIPPED
                 if reason is None:
                     reason = impl.unsupported_reason(case, self.opts.device) or scenario_unsupported(
-                        case, impl, self.opts.device, self.opts.resolved_backend)
+                        case, impl, self.opts.device, self.opts.resolved_backend) or fixed_backend(
+                        case, self.opts.resolved_backend)
                     status = Status.UNSUPPORTED
                 if reason:
                     if self.is_writer:

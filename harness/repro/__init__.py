@@ -50,6 +50,8 @@ PARTS = (
     ("harness.engine.messages", None),
     ("harness.engine.collectives", None),
     ("harness.judge.invariants", None),
+    ("harness.judge.desync", None),
+    ("harness.engine.nccl_contract", None),
     ("harness.engine.rank", ("RankContext", "run_task")),
     ("harness.impls.base", ("construct_like_syncbn",)),
     ("harness.impls.apex", ("construct_apex", "convert_apex", "apex_forward")),
@@ -204,7 +206,8 @@ def observe(case: Case, impl_name: str, device: str, timeout: float = 300.0):
     """Run the case once with the harness and return its record (what the header reports)."""
     from harness.engine.session import RunOptions, resolve_impls, run_selection
 
-    return next(iter(run_selection([case], resolve_impls([impl_name]), RunOptions(device=device, timeout=timeout))))
+    return next(iter(run_selection([case], resolve_impls([impl_name]), RunOptions(device=device, timeout=timeout,
+                                                                                  diagnose=False))))
 
 
 def header(case: Case, impl_name: str, device: str, impl: dict, record, command: str) -> str:
@@ -230,7 +233,7 @@ def header(case: Case, impl_name: str, device: str, impl: dict, record, command:
     out += ["", f"Case parameters: {json.dumps(case.params())}",
             "Inputs are regenerated from the seed; the oracle is batch normalization over the global batch in",
             "float64; tolerances are the harness's (dtype unit roundoff, reduction size; see compare below).",
-            f"Runs on {device} ({'nccl' if device == 'cuda' else 'gloo'}): python FILE, or "
+            f"Runs on {device} ({'nccl' if device == 'cuda' else (case.backend or 'gloo')}): python FILE, or "
             f"torchrun --nproc-per-node={case.world_size} FILE.",
             "Exit 0: agrees with the oracle. Exit 1: the disagreement is printed. Exit 2: cannot run here."]
     if impl["kind"] == "torch":
@@ -251,8 +254,9 @@ def header(case: Case, impl_name: str, device: str, impl: dict, record, command:
 def configuration(case: Case, impl_name: str, impl: dict, device: str, timeout: float) -> str:
     """The file's settings, assigned after the launcher's defaults."""
     values = {"CASE": None, "IMPL_NAME": impl_name, "KIND": impl["kind"], "DEVICE": device,
-              "BACKEND": "nccl" if device == "cuda" else "gloo", "TIMEOUT_S": timeout, "PLUGIN_MODULE": impl["module"],
-              "PLUGIN_ATTR": impl["attr"], "FOUND_IN": impl["found_in"], "EMBEDDED": True}
+              "BACKEND": "nccl" if device == "cuda" else (case.backend or "gloo"), "TIMEOUT_S": timeout,
+              "PLUGIN_MODULE": impl["module"], "PLUGIN_ATTR": impl["attr"], "FOUND_IN": impl["found_in"],
+              "EMBEDDED": True}
     lines = ["# ---- this reproduction " + "-" * 58,
              f"CASE = Case.from_dict(json.loads({json.dumps(case.to_dict())!r}))"]
     lines += [f"{k} = {v!r}" for k, v in values.items() if k != "CASE"]

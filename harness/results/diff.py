@@ -12,6 +12,11 @@ the tolerance), so growth counts only when the new worst ratio is more than
 (:class:`GrowthRule`; defaults: factor 2, floor 0.1, i.e. a pass now using
 over a fifth of its tolerance and at least twice what it used).
 
+A change of the collectives the ranks issued (count, op, dtype, size, group;
+:func:`harness.results.fingerprint.change`) with the same status on both
+sides is its own kind, ``collectives changed``: not a regression (``gate``
+fails on it only when asked), but never silent.
+
 A *regression* (what ``gate`` fails on) is a pass that became anything else,
 or error growth. Pairs missing from one side are listed, never regressions.
 """
@@ -22,16 +27,18 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
+from harness.results import fingerprint
 from harness.results.records import FAILURES, Record, Status
 
 NEW_FAILURE = "new failure"
 FIXED = "fixed"
 STATUS_CHANGE = "status change"
+COLLECTIVES = "collectives changed"
 GROWTH = "error growth"
 ONLY_BEFORE = "only in A"
 ONLY_AFTER = "only in B"
 SAME = "same"
-KIND_ORDER = (NEW_FAILURE, GROWTH, STATUS_CHANGE, FIXED, ONLY_BEFORE, ONLY_AFTER, SAME)
+KIND_ORDER = (NEW_FAILURE, GROWTH, STATUS_CHANGE, COLLECTIVES, FIXED, ONLY_BEFORE, ONLY_AFTER, SAME)
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,8 @@ class Change:
         elif self.kind == NEW_FAILURE or self.kind == STATUS_CHANGE:
             if self.ratio_after is not None:
                 text += f", worst err/tol {_fmt(self.ratio_after)}"
+        elif self.kind == COLLECTIVES:
+            text += f", collectives {fingerprint.change(self.before, self.after)}"
         message = (self.after.message if self.after and self.after.status != Status.PASS else
                    self.before.message if self.kind == FIXED and self.before else "")
         if message:
@@ -133,6 +142,8 @@ def classify(before: Optional[Record], after: Optional[Record], rule: GrowthRule
         return STATUS_CHANGE
     if rule.grew(before.worst_ratio, after.worst_ratio):
         return GROWTH
+    if fingerprint.change(before, after) is not None:
+        return COLLECTIVES
     return SAME
 
 

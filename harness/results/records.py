@@ -134,7 +134,8 @@ class Record:
     host: str = ""
     known_issue: Optional[KnownIssueMatch] = None
     compare: Optional[dict] = None  # differences with another implementation on the same inputs
-    diagnosis: Optional[str] = None  # what a second, debug-enabled run of a crash or hang said
+    desync: Optional[dict] = None  # the first collective the ranks of a group disagreed on (judge.desync)
+    diagnosis: Optional[dict] = None  # what a second, debug-enabled run of a crash or hang said
     compile: Optional[dict] = None  # torch.compile metrics per rank (graphs, breaks, recompiles)
     schema_version: int = SCHEMA_VERSION
 

@@ -9,7 +9,9 @@ impl, case) in the store (a re-run supersedes earlier records):
   counts per status and is colored by its worst status (:data:`SEVERITY`);
   failures the known-issues file expects count as ``known`` (their own
   color), so a cell is red only for what is new.
-- The failing cases with their messages and the ranks to blame.
+- The failing cases with their messages, the ranks to blame, what each rank
+  said (its collectives, :mod:`harness.results.fingerprint`), the first
+  collective the ranks disagreed on, and what a debug re-run said.
 - Error against tolerance, per tensor, log-log (matplotlib, Agg), one plot per
   implementation, one color per build; points above the diagonal failed.
 
@@ -32,6 +34,7 @@ from typing import Optional, Sequence
 
 from harness import __version__
 from harness.errors import HarnessError, UsageError
+from harness.results import fingerprint
 from harness.results.records import RankStatus, Record
 from harness.results.store import Store, latest, record_key
 
@@ -89,6 +92,9 @@ def records_frame(records: Sequence[Record]):
                "known_issue": r.known,
                "known_link": r.known_issue.link if r.known_issue else "",
                "worst_ratio": r.worst_ratio, "message": r.message, "ranks": attribution(r),
+               "collectives": "\n".join(fingerprint.per_rank(r)) if r.status.value in FAILING else "",
+               "desync": (r.desync or {}).get("message", ""),
+               "diagnosis": (r.diagnosis or {}).get("summary") or "",
                "world_size": r.world_size, "duration_s": r.duration_s, "started_at": r.started_at, "host": r.host}
         for k, v in sorted(r.params.items()):
             row[f"param.{k}"] = json.dumps(v) if isinstance(v, (list, dict)) else v
@@ -372,9 +378,20 @@ def _failing_table(df) -> str:
                    f"<td><code>{_e(row['build'])}</code></td><td><code>{_e(row['case'])}</code></td>"
                    f"<td class='cell status-{'known' if row['known_issue'] else _e(row['status'])}'>"
                    f"{_e(row['status'])}{known}</td>"
-                   f"<td>{_e(row['ranks'])}</td><td>{ratio_s}</td><td class='msg'>{_e(row['message'])}</td></tr>")
+                   f"<td>{_e(row['ranks'])}</td><td>{ratio_s}</td><td class='msg'>{_e(row['message'])}"
+                   f"{_said(row)}</td></tr>")
     out.append("</tbody></table></section>")
     return "\n".join(out)
+
+
+def _said(row) -> str:
+    """What the ranks said (their collectives) and what a debug re-run said, folded under the message."""
+    out = ""
+    if row.get("collectives"):
+        out += f"<details><summary>collectives per rank</summary>{_e(row['collectives'])}</details>"
+    if row.get("diagnosis"):
+        out += f"<details><summary>TORCH_DISTRIBUTED_DEBUG=DETAIL re-run</summary>{_e(row['diagnosis'])}</details>"
+    return out
 
 
 def default_out() -> str:

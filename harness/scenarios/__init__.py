@@ -35,5 +35,8 @@ def module(name: str):
 
 def unsupported_reason(case, impl, device: str, backend: str) -> Optional[str]:
     """Why the case's scenario cannot run ``impl`` on ``device`` over ``backend``, or None (most scenarios: None)."""
+    if case.backend and device != "cpu":
+        return (f"{case.backend} is the CPU stand-in for torch's non-gloo code path: on --device cuda, "
+                "--backend nccl runs that path itself")
     check = getattr(module(case.scenario), "unsupported_reason", None)
     return check(case, impl, device, backend) if check is not None else None

@@ -36,6 +36,7 @@ from typing import Optional
 import torch
 
 from harness.catalog.case import DTYPES, STEP_KINDS, Case, materialize
+from harness.engine.collectives import mark_step
 from harness.judge.compare import K, UNIT_ROUNDOFF, compare_tensor, gamma
 from harness.judge.invariants import bits, compare_across
 from harness.judge.metric import Metric
@@ -187,6 +188,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     metrics: list[tuple[str, Metric]] = []
     across: dict = {}
     for s, kind in enumerate(case.steps):
+        mark_step(s)
         train = STEP_KINDS[kind] == "train"
         model.train(train)
         xs = [data.inputs[s][r] for r in range(ws)]

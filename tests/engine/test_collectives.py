@@ -35,7 +35,9 @@ def test_calls_are_recorded_with_op_group_dtype_shape_and_step(one_rank_group):
     assert [(c["op"], c["dtype"], c["shape"], c["group"], c["step"]) for c in calls] == [
         ("all_reduce", "float16", [5], [0], 3), ("all_gather", "float32", [2, 3], [0], 3),
         (flat.__name__, "float32", [4], [0], 3)]
-    assert collectives.recorded() == []  # taken once
+    assert collectives.recorded() == calls  # every call of the task, however often asked
+    collectives.begin_task()
+    assert collectives.recorded() == []
 
 
 def test_a_forbidden_collective_raises_before_it_is_issued(one_rank_group):
@@ -48,3 +50,4 @@ def test_a_forbidden_collective_raises_before_it_is_issued(one_rank_group):
     assert collectives.recorded() == []
     dist.all_reduce(t)  # allowed again after the block
     assert [c["op"] for c in collectives.recorded()] == ["all_reduce"]
+    collectives.begin_task()

@@ -36,13 +36,14 @@ def failing_then_passing(probe: str, timeout: float = 20.0):
     probe_impl, ref = resolve_impls([f"probes:{probe}", "reference"])
     before = children_of(os.getpid())
     t0 = time.monotonic()
-    session = Session([probe_impl, ref], RunOptions(timeout=timeout))
+    session = Session([probe_impl, ref], RunOptions(timeout=timeout, diagnose=False))
     try:
         bad = session.run_one(bad_case, probe_impl)
-        pool = session.pools[2]
+        pool = session.pools[(2, "gloo")]
         assert not pool.alive, "a failed case must tear its pool down"
         good = session.run_one(next_case, ref)
-        assert session.pools[2] is pool and pool.alive, "the next case runs on a restarted pool of the same session"
+        assert session.pools[(2, "gloo")] is pool and pool.alive, \
+            "the next case runs on a restarted pool of the same session"
     finally:
         session.close()
     elapsed = time.monotonic() - t0

@@ -11,6 +11,8 @@ reference SyncBN so that its record passes only if every check held.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -134,23 +136,44 @@ def test_device_check_path_reads_the_installed_module(monkeypatch):
     assert torch_emulation.device_check_path() == "function"
 
 
-def test_ddp_refuses_cpu_syncbatchnorm_except_inside_the_guard():
-    """DDP's CPU check is skipped only inside the guard, and the guard puts it back."""
-    import datetime
+DDP_GUARD = '''
+import datetime
 
-    import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
-    store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+from harness.impls import torch_emulation
+
+store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+dist.init_process_group("gloo", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 1), torch.nn.SyncBatchNorm(3))
+
+
+def refused():
     try:
-        model = torch.nn.Sequential(torch.nn.Conv2d(2, 3, 1), torch.nn.SyncBatchNorm(3))
-        with pytest.raises(ValueError, match="SyncBatchNorm layers only work with GPU modules"):
-            DistributedDataParallel(model)
-        with torch_emulation.ddp_accepts_cpu_syncbn():
-            wrapped = DistributedDataParallel(model)
-        assert isinstance(wrapped.module[1], torch.nn.SyncBatchNorm)
-        with pytest.raises(ValueError, match="only work with GPU modules"):
-            DistributedDataParallel(model)
-    finally:
-        dist.destroy_process_group()
+        DistributedDataParallel(model)
+    except ValueError as e:
+        return "SyncBatchNorm layers only work with GPU modules" in str(e)
+    return False
+
+
+assert refused(), "DDP accepted a CPU SyncBatchNorm outside the guard"
+with torch_emulation.ddp_accepts_cpu_syncbn():
+    wrapped = DistributedDataParallel(model)
+assert isinstance(wrapped.module[1], torch.nn.SyncBatchNorm)
+assert refused(), "the guard did not put DDP's check back"
+del wrapped  # the reducer holds the process group: it goes first
+dist.destroy_process_group()
+print("ok")
+'''
+
+
+def test_ddp_refuses_cpu_syncbatchnorm_except_inside_the_guard():
+    """DDP's CPU check is skipped only inside the guard, and the guard puts it back.
+
+    In a process of its own: a DDP reducer left to the pytest worker's garbage collector would join
+    the process group's threads after the group is gone, and hang the worker.
+    """
+    done = subprocess.run([sys.executable, "-c", DDP_GUARD], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]

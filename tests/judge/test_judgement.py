@@ -37,7 +37,7 @@ def _support_on_path(monkeypatch):
 
 
 def run(impl_names, cases, timeout=60):
-    return list(run_selection(cases, resolve_impls(impl_names), RunOptions(timeout=timeout)))
+    return list(run_selection(cases, resolve_impls(impl_names), RunOptions(timeout=timeout, diagnose=False)))
 
 
 def assert_quiet(records, n):

@@ -19,9 +19,10 @@ import pytest
 
 from harness.buildinfo import build_info
 from harness.judge.metric import Metric
-from harness.results.diff import FIXED, GROWTH, NEW_FAILURE, SAME, STATUS_CHANGE, GrowthRule, compare
+from harness.results import fingerprint
+from harness.results.diff import COLLECTIVES, FIXED, GROWTH, NEW_FAILURE, SAME, STATUS_CHANGE, GrowthRule, compare
 from harness.results.gate import evaluate, format_result, junit_rows
-from harness.results.records import Record, Status
+from harness.results.records import RankOutcome, RankStatus, Record, Status
 from harness.results.store import Store, build_key
 
 PLUGIN = textwrap.dedent("""
@@ -218,3 +219,47 @@ def test_a_garbage_baseline_says_what_it_is_not(tmp_path):
     proc = harness(["gate", "--baseline", "log.txt", "--store", "s"], tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "is not a run's JSON output" in proc.stderr and "dropping" not in proc.stderr
+
+
+def said(record: Record, *per_rank: list) -> Record:
+    record.ranks = [RankOutcome(rank=r, status=RankStatus.PASS, collectives=calls) for r, calls in enumerate(per_rank)]
+    return record
+
+
+def gather(dtype="float32", n=11, op="all_gather", step=0, group=(0, 1)):
+    return {"op": op, "group": list(group), "dtype": dtype, "shape": [n], "numel": n, "step": step}
+
+
+def test_a_change_of_the_collectives_is_its_own_kind_and_fails_the_gate_only_if_asked():
+    two = [gather(), gather("float32", 10, "all_reduce")]
+    before = [said(make("a/more/ws2", Status.PASS), two, two),
+              said(make("a/renamed/ws2", Status.PASS), [gather()], [gather()]),
+              said(make("a/same/ws2", Status.PASS), two, two),
+              make("a/unknown/ws2", Status.PASS)]  # written before fingerprints: nothing to compare
+    after = [said(make("a/more/ws2", Status.PASS), two + [gather("float32", 10, "all_reduce")], two),
+             said(make("a/renamed/ws2", Status.PASS), [gather(op="all_gather_single")], [gather()]),
+             said(make("a/same/ws2", Status.PASS), two, two),
+             said(make("a/unknown/ws2", Status.PASS), two, two)]
+    changes = {c.case: c for c in compare(before, after)}
+    assert {k: c.kind for k, c in changes.items()} == {
+        "a/more/ws2": COLLECTIVES, "a/renamed/ws2": COLLECTIVES, "a/same/ws2": SAME, "a/unknown/ws2": SAME}
+    assert changes["a/more/ws2"].describe() == (
+        "pass -> pass, collectives rank 0: 2 -> 3 collectives; #2 none -> all_reduce float32[10] @[0, 1]")
+    assert "#0 all_gather float32[11] @[0, 1] -> all_gather_single float32[11] @[0, 1]" in \
+        changes["a/renamed/ws2"].describe()
+    assert not any(c.regression for c in changes.values())
+    reported = evaluate(before, after)
+    assert reported.exit_code == 0 and len(reported.collectives_changed) == 2
+    assert "gate: 0 regressions, 2 with other collectives (reported, not failing), pass (exit 0)" in \
+        format_result(reported, "base.json")
+    strict = evaluate(before, after, fail_on_collectives=True)
+    assert strict.exit_code == 1 and format_result(strict, "base.json").count("COLLECTIVES CHANGED") == 2
+    assert {r["name"] for r in junit_rows(strict) if r["outcome"] == "failure"} == {"a/more/ws2", "a/renamed/ws2"}
+
+
+def test_the_compact_view_counts_repeats_per_step_and_marks_subgroups():
+    calls = [gather(), gather("float32", 10, "all_reduce"), gather("float32", 10, "all_reduce"),
+             gather("float16", 4, step=1, group=(0, 2))]
+    assert fingerprint.compact(calls, world_size=2) == (
+        "step 0: all_gather float32[11], all_reduce float32[10] x2 | step 1: all_gather float16[4] @[0,2]")
+    assert fingerprint.compact([], 2) == "-" and fingerprint.compact(None, 2) == "?"

@@ -133,6 +133,16 @@ def test_markdown_and_csv(report):
     assert len(rows) == 8 and {r["status"] for r in rows} == {"pass", "mismatch", "crash"}
     assert {r["case"] for r in rows} == set(cases) | {KNOWN_CASE} and "param.dtype" in rows[0]
     assert [r["known_issue"] for r in rows if r["case"] == KNOWN_CASE] == ["True"]
+    # What the ranks said, for the failing cases: each rank's collectives, the desync, a debug re-run.
+    [known] = [r for r in rows if r["case"] == KNOWN_CASE]
+    assert known["desync"].startswith("rank 0 all_gather float16[") and " vs rank 1 float32[" in known["desync"]
+    assert known["collectives"].splitlines()[0].startswith("rank 0: step 0: all_gather float16[")
+    assert known["diagnosis"] == "", "a known issue is not run again"
+    [segv] = [r for r in rows if r["status"] == "crash" and r["impl"] == "probes:SegfaultOnRank1"]
+    assert segv["diagnosis"], "an unexpected crash is run again with TORCH_DISTRIBUTED_DEBUG=DETAIL"
+    assert all(r["collectives"] == "" for r in rows if r["status"] == "pass")
+    page = (out / "index.html").read_text()
+    assert page.count("<summary>collectives per rank</summary>") == 5
 
 
 class _Dom(HTMLParser):

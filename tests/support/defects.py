@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed.nn.functional import all_reduce as diff_all_reduce
 
 from gather import GatherSyncBN, _GatherFn
 from textbook import TextbookSyncBN
@@ -353,6 +354,59 @@ class GatherSizeDiffers(TextbookSyncBN):
             rows = [torch.empty_like(per_sample) for _ in range(dist.get_world_size(self.group()))]
             dist.all_gather(rows, per_sample, group=self.group())
         return super().batch_stats(x, dims)
+
+
+class EmptyRankSkips(TextbookSyncBN):
+    """A rank with an empty batch returns at once, "nothing to normalize": it skips the collectives its peers
+    wait in (the hang behind pytorch#36530 and detectron2#1807)."""
+
+    def forward(self, x):
+        if self.training and x.numel() == 0:
+            return x.clone()
+        return super().forward(x)
+
+
+class EmptyRankSendsInputDtype(TextbookSyncBN):
+    """A rank with an empty batch sends its (zero) statistics in the input's dtype, the others in float64: the
+    collective's operands differ in bytes (the pattern of torch's float16 empty-rank crash)."""
+
+    def reduce(self, t):
+        if self._x.numel() == 0 and t.numel() == self._x.shape[1] + 1:
+            return super().reduce(t.to(self._x.dtype)).double()
+        return super().reduce(t)
+
+    def forward(self, x):
+        self._x = x
+        return super().forward(x)
+
+
+class IgnoresGroupOnce(TextbookSyncBN):
+    """Gathers the count and sum over its process group, then the squared deviations over the whole world: one
+    of two collectives ignores the group (the batched-collectives defect of pytorch#38246)."""
+
+    def batch_stats(self, x, dims):
+        xd = x.double()
+        c = x.shape[1]
+        n_local = torch.full((1,), x.numel() / c, dtype=torch.float64)
+        both = diff_all_reduce(torch.cat([n_local, xd.sum(dims)]), group=self.group())
+        n, mean = both[0], both[1:] / both[0]
+        d = xd - mean.view(self.shape(x))
+        return mean, diff_all_reduce((d * d).sum(dims), group=dist.group.WORLD) / n, n
+
+
+# Collective defects -> (a case that shows it, the status it must get, what the message must name).
+COLLECTIVE_DEFECTS = {
+    EvalSyncs: ("module-config/train-eval-train/ws2", "mismatch",
+                "eval issued 1 collective(s), first all_reduce float32[16] over ranks [0, 1]"),
+    EmptyRankSkips: ("allgather-shape/empty-0-5/float32-float32/contiguous/ws2", "hang",
+                     "desync: rank 1 all_reduce float64[6] vs rank 0 nothing: it finished the case without this "
+                     "collective (collective 0 over ranks [0, 1], step 0)"),
+    EmptyRankSendsInputDtype: ("allgather-shape/empty-0-5/float32-float32/contiguous/ws2", ("crash", "error"),
+                               "desync: rank 0 all_reduce float32[6] vs rank 1 float64[6] (collective 0 over ranks "
+                               "[0, 1], step 0)"),
+    IgnoresGroupOnce: ("process-group/pairs-02-13/ws4", "mismatch",
+                       "(all_reduce float64[8], step 0) went over ranks [0, 1, 2, 3], not the case's group"),
+}
 
 
 # Defect -> (patterns of default-selection cases that must catch it, the status they must give, the tensor whose

@@ -1,0 +1,80 @@
+"""A record's collective fingerprint: what each rank said, compactly, and how it changed between builds.
+
+Each rank of a record carries its collectives in order (``ranks[i].collectives``,
+plain dicts from :mod:`harness.engine.collectives`). Two views of them:
+
+- :func:`compact`: one line per rank for people, per step, consecutive
+  repeats counted: ``step 0: all_gather float32[11], all_reduce float32[10] x2``
+  (a subgroup is shown after ``@``);
+- :func:`pattern`: per rank, the tuple that must not change silently between
+  builds: ``(op, group, dtype, numel)`` of each call. :func:`change` compares
+  two records' patterns (count, op, dtype, size, group) and says where they
+  first differ; ``diff`` and ``gate`` report that as its own kind of change.
+
+A side without fingerprints (records written before the harness recorded
+them) is never a change: nothing is known to compare.
+"""
+
+from __future__ import annotations
+
+from itertools import groupby
+from typing import Optional
+
+from harness.results.records import Record
+
+
+def _call(c: dict, world: list[int]) -> str:
+    tensor = f" {c['dtype']}{c.get('shape', '')}".replace(", ", ",") if c.get("dtype") else ""
+    group = f" @{c['group']}".replace(", ", ",") if c.get("group") and c["group"] != world else ""
+    return f"{c['op']}{tensor}{group}"
+
+
+def compact(calls: Optional[list[dict]], world_size: int) -> str:
+    """``step 0: all_gather float32[11], all_reduce float32[10] x2 | step 1: ...``; ``-`` for none, ``?`` unknown."""
+    if calls is None:
+        return "?"
+    if not calls:
+        return "-"
+    world = list(range(world_size))
+    parts = []
+    for step, in_step in groupby(calls, key=lambda c: c.get("step")):
+        names = [_call(c, world) for c in in_step]
+        runs = [f"{name} x{n}" if n > 1 else name for name, n in ((k, len(list(g))) for k, g in groupby(names))]
+        parts.append((f"step {step}: " if step is not None else "") + ", ".join(runs))
+    return " | ".join(parts)
+
+
+def per_rank(record: Record) -> list[str]:
+    """``rank 0: step 0: all_gather ...`` for every rank of the record."""
+    return [f"rank {o.rank}: {compact(o.collectives, record.world_size)}" for o in record.ranks]
+
+
+def pattern(record: Record) -> Optional[dict[int, list[tuple]]]:
+    """Per rank, ``(op, group, dtype, numel)`` of each call; None when no rank's collectives are known."""
+    if not record.ranks or all(o.collectives is None for o in record.ranks):
+        return None
+    return {o.rank: [(c.get("op"), tuple(c.get("group") or ()), c.get("dtype"), c.get("numel"))
+                     for c in o.collectives] for o in record.ranks if o.collectives is not None}
+
+
+def _describe(t: tuple) -> str:
+    op, group, dtype, numel = t
+    return f"{op} {dtype}[{numel}]" + (f" @{list(group)}" if group else "") if dtype else f"{op}"
+
+
+def change(before: Record, after: Record) -> Optional[str]:
+    """Where the two records' collectives first differ (``rank 0: 2 -> 3 collectives; #1 ...``), or None."""
+    a, b = pattern(before), pattern(after)
+    if a is None or b is None:
+        return None
+    for rank in sorted(set(a) & set(b)):
+        x, y = a[rank], b[rank]
+        if x == y:
+            continue
+        parts = [f"rank {rank}: {len(x)} -> {len(y)} collectives"] if len(x) != len(y) else [f"rank {rank}:"]
+        i = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+        old = _describe(x[i]) if i < len(x) else "none"
+        new = _describe(y[i]) if i < len(y) else "none"
+        parts.append(f"#{i} {old} -> {new}")
+        return " ".join(parts) if parts[0].endswith(":") else "; ".join(parts)
+    return None

@@ -1,0 +1,53 @@
+"""The nccl-contract backend: bitwise gloo for every collective SyncBN and DDP use, NCCL's flat all_gather contract.
+
+Real processes over real process groups (tests/support/collective_ranks.py):
+the same seeded tensors go through gloo and through nccl-contract, and every
+result must be the same bits. The flat all_gather is also checked against
+what NCCL promises (rank r's input in the r-th slice, whatever the output's
+shape, subgroups in group order) and against NCCL's refusals.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import collective_ranks
+from harness.engine.nccl_contract import NAME, _flat_views
+from harness.judge.invariants import bits
+
+FLAT = ("all_gather_single", "all_gather_into_tensor", "_all_gather_base")
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_every_collective_is_bitwise_gloo_and_the_flat_gather_keeps_rank_order(world_size):
+    gloo = collective_ranks.run(world_size, "gloo")
+    contract = collective_ranks.run(world_size, NAME)
+    assert {r["backend_name"] for r in gloo} == {"gloo"}
+    assert {r["backend_name"] for r in contract} == {NAME}  # what torch's SyncBatchNorm branches on
+    for rank, (g, c) in enumerate(zip(gloo, contract)):
+        keys = sorted(k for k in g if k != "backend_name")
+        assert keys == sorted(k for k in c if k != "backend_name")
+        assert any(k.startswith(FLAT) for k in keys)
+        for key in keys:
+            assert g[key].dtype == c[key].dtype and g[key].numel() == c[key].numel(), key
+            assert bits(g[key]) == bits(c[key]), f"rank {rank}: {key} differs between gloo and {NAME}"
+        for key in keys:
+            if key.startswith(FLAT) and ".sub." not in key:
+                dtype = key.rsplit(".", 1)[1]
+                rows = c[f"all_gather.{dtype}"]
+                assert torch.equal(c[key].view(world_size, -1), rows), f"{key}: slice r is not rank r's input"
+
+
+def test_the_flat_gather_refuses_what_nccl_refuses():
+    x = torch.zeros(5)
+    with pytest.raises(ValueError, match=r"world_size \(2\) times the input's 5 elements.*holds 9"):
+        _flat_views(torch.empty(9), x, 2)
+    with pytest.raises(TypeError, match="output torch.float16, input torch.float32"):
+        _flat_views(torch.empty(10, dtype=torch.float16), x, 2)
+    with pytest.raises(ValueError, match="contiguous"):
+        _flat_views(torch.empty(10, 2)[:, 0], x, 2)
+    views = _flat_views(torch.empty(1, 10), x, 2)  # any shape of the right size, as NCCL takes it
+    assert [tuple(v.shape) for v in views] == [(5,), (5,)]
+    empty = _flat_views(torch.empty(0), torch.zeros(0), 3)
+    assert [v.numel() for v in empty] == [0, 0, 0]
