@@ -26,7 +26,7 @@ selection is a pairwise covering subset of it (harness.covering),
 """
 
 from harness.catalog.case import Case
-from harness.catalog.covering import pairwise
+from harness.catalog.covering import covering_levels, pairwise
 
 FAMILY = "allgather-shape"
 
@@ -61,9 +61,16 @@ BACKENDS = (None, "nccl-contract")
 
 
 def matrix() -> list[Case]:
-    """The full product; the pairwise covering rows are marked default."""
-    factors = [range(len(LAYOUTS)), range(len(DTYPES)), range(len(FORMATS)), range(len(BACKENDS))]
-    covering = set(pairwise(factors))
+    """The full product; the pairwise covering rows are marked default.
+
+    The run's backend keeps the pairwise rows of (layout, dtype, format); each further backend is paired
+    with every value of those three factors by a few twins of those rows (``covering_levels``), so the
+    backend factor is covered pairwise too without moving the run-backend rows.
+    """
+    factors = [range(len(LAYOUTS)), range(len(DTYPES)), range(len(FORMATS))]
+    base = pairwise(factors)
+    covering = {row + (0,) for row in base}
+    covering |= {row + (bi,) for bi in range(1, len(BACKENDS)) for row in covering_levels(base)}
     out = []
     for li, (layout, batches) in enumerate(LAYOUTS):
         for di, (dtype, pdtype) in enumerate(DTYPES):

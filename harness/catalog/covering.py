@@ -34,6 +34,25 @@ def pairwise(factors: Sequence[Sequence]) -> list[tuple]:
     return sorted(chosen, key=product.index)
 
 
+def covering_levels(rows: Sequence[tuple]) -> list[tuple]:
+    """A subset of ``rows`` in which every value each factor takes in ``rows`` appears at least once.
+
+    Used to add a new factor level (a second backend, say) to an existing pairwise set without changing
+    it: the twins chosen here pair the new level with every value of every other factor, which is what
+    pairwise coverage asks of it. Greedy like ``pairwise`` (most new values first, ties to the earliest).
+    """
+    rows = list(rows)
+    if not rows:
+        return []
+    uncovered = {(i, v) for r in rows for i, v in enumerate(r)}
+    chosen: list[tuple] = []
+    while uncovered:
+        best = max(rows, key=lambda r: len(set(enumerate(r)) & uncovered))
+        chosen.append(best)
+        uncovered -= set(enumerate(best))
+    return sorted(chosen, key=rows.index)
+
+
 def covers_all_pairs(rows: Sequence[tuple], factors: Sequence[Sequence]) -> bool:
     """Whether ``rows`` contain every pair of values of every two factors."""
     k = len(factors)

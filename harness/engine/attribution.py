@@ -162,3 +162,31 @@ def message(outcomes: list[RankOutcome]) -> str:
     if peers:
         parts.append(f"ranks {peers} {RankStatus.PEER_FAILED.value}")
     return "; ".join(parts)[:2000]
+
+
+def stacks_now() -> str:
+    """Every thread's Python stack, as faulthandler writes them, with the main thread as the current one.
+
+    The dump a rank takes of itself (torchrun's watchdog thread, when its rank is stuck) for
+    :func:`in_collective` to read. A helper thread takes it, but what matters is where the main thread
+    is (inside a collective or not), so the main thread is written first and labelled as faulthandler
+    labels the thread it dumps from.
+    """
+    import sys
+    import threading
+
+    frames = sys._current_frames()
+    main_id = threading.main_thread().ident
+    parts = []
+    for tid in [main_id] + [t for t in frames if t != main_id]:
+        frame = frames.get(tid)
+        if frame is None:
+            continue
+        label = "Current thread" if tid == main_id else "Thread"
+        lines = [f"{label} 0x{tid:016x} (most recent call first):"]
+        while frame is not None:
+            code = frame.f_code
+            lines.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {code.co_name}')
+            frame = frame.f_back
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)[:6000]

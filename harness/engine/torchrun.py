@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from harness.engine import assemble
-from harness.engine.attribution import Observation, attribute
+from harness.engine.attribution import Observation, attribute, stacks_now
 from harness.engine import nccl_contract
 from harness.engine.collectives import install_recorder
 from harness.engine.messages import RankResult, Task
@@ -262,7 +262,7 @@ class Job:
                         os._exit(1)
                     continue
                 if terminated or c.stuck():
-                    c.set("silent", self.rank, _own_stacks())
+                    c.set("silent", self.rank, stacks_now())
                     c.request_dumps()
                     c.wait_done(stuck=True, limit=PEER_GRACE_S + DUMP_GRACE_S + 4 * DEAD_AFTER_S + 10)
                     os._exit(1)
@@ -402,30 +402,3 @@ class _Outcome:
 
     def __init__(self, status, ranks, results):
         self.status, self.ranks, self.results = status, ranks, results
-
-
-def _own_stacks() -> str:
-    """Every thread's Python stack, as faulthandler writes them, with the main thread as the current one.
-
-    The watchdog thread takes the dump, but what matters is where the main thread is (inside a collective
-    or not), so the main thread is written first and labelled as faulthandler labels the thread it dumps
-    from (what :func:`harness.engine.attribution.in_collective` reads).
-    """
-    import sys
-    import threading
-
-    frames = sys._current_frames()
-    main_id = threading.main_thread().ident
-    parts = []
-    for tid in [main_id] + [t for t in frames if t != main_id]:
-        frame = frames.get(tid)
-        if frame is None:
-            continue
-        label = "Current thread" if tid == main_id else "Thread"
-        lines = [f"{label} 0x{tid:016x} (most recent call first):"]
-        while frame is not None:
-            code = frame.f_code
-            lines.append(f'  File "{code.co_filename}", line {frame.f_lineno} in {code.co_name}')
-            frame = frame.f_back
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)[:6000]

@@ -44,7 +44,7 @@ def test_ids_are_unique_and_prefixed():
     assert len({c.id for c in cases}) == len(cases)
     for c in cases:
         assert c.id.split("/")[0] == c.family
-        assert c.id.endswith(f"/ws{c.world_size}")
+        assert c.id.endswith(f"/ws{c.world_size}" + (f"/{c.backend}" if c.backend else ""))
 
 
 @pytest.mark.parametrize("case_id", sorted(GOLDEN))
@@ -74,6 +74,20 @@ def test_matrix_crosses_dtypes_layouts_formats_and_world_sizes():
     assert len(default) < len(full) / 2
     assert any(0 in c.batch_sizes for c in default) and any(set(c.batch_sizes) == {1} for c in default)
     assert {"float16", "bfloat16", "float32", "float64"} <= {c.dtype for c in default}
+
+
+def test_the_second_backend_meets_every_layout_dtype_and_format_by_default():
+    full = [c for c in catalog.select(exhaustive=True) if c.family == "allgather-shape" and c.id.count("/") == 5]
+    assert len(full) == 8 * 6 * 3 and {c.backend for c in full} == {"nccl-contract"}
+    default = [c for c in full if c.default]
+    for i in (1, 2, 3):
+        assert {c.id.split("/")[i] for c in default} == {c.id.split("/")[i] for c in full}
+    assert len(default) <= 8
+    # Each twin is the same data as a default run-backend case, so a difference between the two is the backend's.
+    gloo = {c.id: c for c in catalog.select()}
+    for c in default:
+        twin = gloo[c.id.rsplit("/", 1)[0]]
+        assert twin.seed == c.seed and twin.batch_sizes == c.batch_sizes
 
 
 def factor_of(c):
