@@ -65,9 +65,14 @@ def test_two_agents_store_passing_records(tmp_path):
     assert any(c.world_size == 2 for c in selected)  # selected but not run: the job's world size is 4
     assert sorted(r["case"] for r in records) == sorted(c.id for c in selected if c.world_size == 4)
     for r in records:
+        if r["params"].get("backend"):
+            # A torchrun job has the one process group it was started with: a case on another backend says so.
+            assert r["status"] == "unsupported" and "--backend nccl-contract" in r["message"], r["message"]
+            continue
         assert r["status"] == "pass", r["message"]
         assert [o["rank"] for o in r["ranks"]] == [0, 1, 2, 3]
         assert r["metrics"]
+    assert any(r["status"] == "pass" for r in records)
 
 
 @pytest.mark.slow
