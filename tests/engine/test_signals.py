@@ -17,7 +17,9 @@ SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 
 def start_hanging_run(tmp_path):
     """A real `syncbn-harness run` whose rank 1 sleeps: the harness waits in its pool."""
-    env = dict(os.environ, PYTHONPATH=SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    marker = tmp_path / "rank1-sleeping"
+    env = dict(os.environ, PYTHONPATH=SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               SYNCBN_PROBE_MARKER=str(marker))
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", "run", "--impl", "probes:SleepOnRank1", "--case",
          "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2", "--timeout", "600",
@@ -25,7 +27,10 @@ def start_hanging_run(tmp_path):
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     assert wait_until(lambda: len(rank_processes(proc.pid)) == 2, timeout=120), "ranks did not start"
     ranks = rank_processes(proc.pid)
-    time.sleep(1.0)  # let the case reach the collective
+    # The case is under way once rank 1 sleeps in forward (rank 0 then waits in the all_gather); on a busy
+    # machine that can take many seconds after the processes exist.
+    assert wait_until(marker.exists, timeout=120), "rank 1 never reached forward"
+    time.sleep(0.5)
     return proc, ranks
 
 

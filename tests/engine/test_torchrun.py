@@ -59,6 +59,10 @@ def two_agents(tmp_path, *run_args, timeout=600):
 def test_two_agents_store_passing_records(tmp_path):
     codes, outs, records = two_agents(tmp_path, "--impl", "reference",
                                       *[arg for p in PATTERNS for arg in ("--case", p)], "--timeout", "120")
+    # torchrun's c10d teardown race: the agent hosting the rendezvous store may be gone when the other shuts
+    # its rendezvous down, which then exits 1 after a job whose workers all succeeded. Any other exit fails.
+    codes = [0 if code == 1 and "failed to shutdown the rendezvous" in err and "ChildFailedError" not in err
+             else code for code, (_, err) in zip(codes, outs)]
     assert codes == [0, 0], outs
     # Only the cases whose world size equals the job's (4) run, each once, written by rank 0 alone.
     selected = catalog.select(PATTERNS)

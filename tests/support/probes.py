@@ -55,7 +55,13 @@ class ExitOnRank1(_Probe):
 
 
 class SleepOnRank1(_Probe):
+    """Sleeps for an hour; with ``SYNCBN_PROBE_MARKER`` set, first creates that file (a test waits for it)."""
+
     def misbehave(self, input):
+        marker = os.environ.get("SYNCBN_PROBE_MARKER")
+        if marker:
+            with open(marker, "w") as f:
+                f.write(str(os.getpid()))
         time.sleep(3600)
 
 
