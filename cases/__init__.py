@@ -14,5 +14,6 @@ FAMILY_MODULES = (
     "numerics",
     "training_loop",
     "ddp",
+    "conversion",
     "cuda_graph",
 )

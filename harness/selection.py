@@ -75,10 +75,10 @@ class Selection:
 
     @property
     def impl_names(self) -> list[str]:
-        """The implementations asked for, or every built-in one."""
-        from harness.impls import builtin_names
+        """The implementations asked for, or every built-in one a run takes by default."""
+        from harness.impls import default_names
 
-        return list(self.impls) or builtin_names()
+        return list(self.impls) or default_names()
 
     def resolve_impls(self, extra: Sequence[str] = ()) -> list:
         """Adapters for the selected names (plus ``extra``); a plugin that cannot be imported is an error."""

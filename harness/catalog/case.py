@@ -79,6 +79,8 @@ class Case:
     input_layout: str = "dense"  # "permuted" / "sliced": the input is a view dense in no memory format
     optimizer: Optional[str] = None  # model scenarios: "sgd" (with momentum) or "adam"
     ddp: tuple[str, ...] = ()  # model scenarios under DistributedDataParallel: its flags (see scenarios.model)
+    # Conversion cases: a checkpoint round trip between two phases of the steps (see harness.scenarios.checkpoint).
+    checkpoint: Optional[str] = None
     # The process-group backend of this case when it is not the run's: "nccl-contract" runs torch's non-gloo
     # code path on CPU (see harness.engine.nccl_contract).
     backend: Optional[str] = None

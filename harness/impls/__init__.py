@@ -5,10 +5,11 @@
 - one module per implementation: :mod:`~harness.impls.reference` (ours, with its
   SyncBatchNorm), :mod:`~harness.impls.torch_native` and
   :mod:`~harness.impls.torch_emulation` (torch's module on CPU),
-  :mod:`~harness.impls.apex`, :mod:`~harness.impls.plugin`.
+  :mod:`~harness.impls.apex`, :mod:`~harness.impls.timm_converter` (opt-in), :mod:`~harness.impls.plugin`.
 """
 
 from harness.impls.base import Capabilities, Impl
-from harness.impls.registry import ENTRY_POINT_GROUP, builtin_names, known_names, register, resolve
+from harness.impls.registry import ENTRY_POINT_GROUP, builtin_names, default_names, known_names, register, resolve
 
-__all__ = ["Capabilities", "Impl", "ENTRY_POINT_GROUP", "builtin_names", "known_names", "register", "resolve"]
+__all__ = ["Capabilities", "Impl", "ENTRY_POINT_GROUP", "builtin_names", "default_names", "known_names", "register",
+           "resolve"]

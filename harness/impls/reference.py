@@ -27,12 +27,13 @@ both syncs.
 
 from __future__ import annotations
 
+import copy
 from typing import Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.batchnorm import _BatchNorm, _LazyNormBase
 
 from harness.catalog.case import Case
 from harness.errors import ImplUnavailable, KernelBuildError
@@ -130,32 +131,24 @@ class SyncBatchNorm(_BatchNorm):
     """Reference SyncBN with ``torch.nn.SyncBatchNorm``'s constructor and semantics."""
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,
-                 track_running_stats: bool = True, process_group=None, device=None, dtype=None):
+                 track_running_stats: bool = True, process_group=None, device=None, dtype=None, *, bias: bool = True):
+        if affine and not bias:
+            raise ValueError("the reference SyncBatchNorm has no affine=True, bias=False variant: pass bias=True")
+        # bias=False comes only with affine=False here (a lazy layer's placeholder), where it changes nothing.
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         self.process_group = process_group
 
     @classmethod
     def convert_sync_batchnorm(cls, module: torch.nn.Module, process_group=None) -> torch.nn.Module:
-        """Replace every BatchNorm*d in ``module`` (recursively) with this SyncBN, keeping its state.
+        """Replace every BatchNorm of ``module`` (recursively) with this SyncBN, changing nothing else.
 
-        Parameters are shared (same tensors, so values and requires_grad carry over), buffers are
-        shared, and each converted layer keeps its training flag.
+        Parameters and buffers are shared (the same tensors, so values and requires_grad carry over);
+        each converted layer keeps its training flag and qconfig; a module registered at several places
+        becomes one converted module; a BatchNorm subclass keeps its own behaviour (the converted layer
+        is of a class derived from both, so the subclass's forward runs around this one's); a lazy
+        BatchNorm stays lazy and becomes this SyncBN when its first input arrives.
         """
-        out = module
-        if isinstance(module, _BatchNorm) and not isinstance(module, cls):
-            out = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats,
-                      process_group)
-            if module.affine:
-                with torch.no_grad():
-                    out.weight = module.weight
-                    out.bias = module.bias
-            out.running_mean = module.running_mean
-            out.running_var = module.running_var
-            out.num_batches_tracked = module.num_batches_tracked
-            out.training = module.training
-        for name, child in module.named_children():
-            out.add_module(name, cls.convert_sync_batchnorm(child, process_group))
-        return out
+        return _convert(cls, module, process_group, {})
 
     def _check_input_dim(self, input: Tensor) -> None:
         if input.dim() < 2:
@@ -181,6 +174,55 @@ class SyncBatchNorm(_BatchNorm):
                                             self.running_mean if track else None,
                                             self.running_var if track else None,
                                             self.eps, factor, group, sync)
+
+
+def _convert(cls, module: torch.nn.Module, process_group, done: dict) -> torch.nn.Module:
+    if id(module) in done:
+        return done[id(module)]
+    out = module
+    if isinstance(module, _BatchNorm) and not isinstance(module, cls):
+        out = _converted_layer(cls, module, process_group)
+    done[id(module)] = out
+    for name, child in list(module.named_children()):
+        out.add_module(name, _convert(cls, child, process_group, done))
+    return out
+
+
+def _converted_layer(cls, module: _BatchNorm, process_group) -> _BatchNorm:
+    kind = type(module)
+    if isinstance(module, _LazyNormBase) and module.has_uninitialized_params():
+        lazy = type(f"Lazy{cls.__name__}", (kind, cls), {"cls_to_become": cls})
+        out = lazy(module.eps, module.momentum, module.affine, module.track_running_stats)
+    elif kind in _PLAIN:
+        out = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats)
+    else:
+        # A subclass: the same object's state under a class that derives from both, so the subclass's
+        # forward (an activation after normalization, say) still runs, around this SyncBN's.
+        derived = _derived(kind, cls)
+        out = derived.__new__(derived)
+        torch.nn.Module.__init__(out)
+        out.__dict__.update({k: (copy.copy(v) if isinstance(v, (dict, set)) else v)
+                             for k, v in module.__dict__.items() if k not in ("_parameters", "_buffers", "_modules")})
+    for name, p in module._parameters.items():
+        out.register_parameter(name, p)
+    for name, b in module._buffers.items():
+        out.register_buffer(name, b, persistent=name not in module._non_persistent_buffers_set)
+    out.process_group = process_group
+    out.training = module.training
+    if hasattr(module, "qconfig"):
+        out.qconfig = module.qconfig
+    return out
+
+
+_PLAIN = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
+_DERIVED: dict = {}
+
+
+def _derived(kind: type, cls: type) -> type:
+    """``kind`` (a BatchNorm subclass) on top of ``cls``, one class per pair."""
+    if (kind, cls) not in _DERIVED:
+        _DERIVED[(kind, cls)] = type(f"Sync{kind.__name__}", (kind, cls), {})
+    return _DERIVED[(kind, cls)]
 
 
 @register("reference")

@@ -35,11 +35,18 @@ def builtin_names() -> list[str]:
     return list(_REGISTRY)
 
 
+def default_names() -> list[str]:
+    """The built-ins a run takes when no ``--impl`` is given (an adapter with ``by_default = False`` is opt-in)."""
+    _load_builtins()
+    return [n for n, cls in _REGISTRY.items() if getattr(cls, "by_default", True)]
+
+
 def _load_builtins() -> None:
     # Importing an adapter registers it; this order is the order of tables and of the default selection.
     import harness.impls.reference  # noqa: F401
     import harness.impls.torch_native  # noqa: F401
     import harness.impls.apex  # noqa: F401,I001
+    import harness.impls.timm_converter  # noqa: F401,I001
 
 
 def entry_points() -> dict:

@@ -59,10 +59,16 @@ class TorchImpl(Impl):
             cls = FunctionDriven
         return construct_like_syncbn(cls, case, process_group)
 
+    def converter(self):
+        """The function that converts a model (an adapter over torch's layers may bring its own)."""
+        import torch
+
+        return torch.nn.SyncBatchNorm.convert_sync_batchnorm
+
     def convert(self, model, process_group):
         import torch
 
-        converted = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model, process_group)
+        converted = self.converter()(model, process_group)
         if self.path == "function":
             from harness.impls.torch_emulation import FunctionDriven
 

@@ -106,6 +106,11 @@ def _segments(module_name: str, only: Optional[tuple[str, ...]] = None) -> tuple
             if base.split(".")[0] == "harness":
                 if isinstance(node, ast.ImportFrom) and node.module == "harness":
                     imports += [_constant(a.name, a.asname, module_name) for a in node.names]
+                elif isinstance(node, ast.ImportFrom):
+                    # A harness module used by name (``networks.spec``): the file holds its code at top level.
+                    for a in node.names:
+                        if inspect.ismodule(getattr(importlib.import_module(node.module), a.name, None)):
+                            imports += ["import sys", f"{a.asname or a.name} = sys.modules[__name__]"]
                 continue
             imports.append(ast.get_source_segment(src, node))
             continue
@@ -127,12 +132,42 @@ def _constant(name: str, asname: Optional[str], where: str) -> str:
     return f"{asname or name} = {value!r}"
 
 
+def scenario_parts(module_name: str) -> list[tuple[str, Optional[tuple[str, ...]]]]:
+    """The other scenario modules ``module_name`` uses, what it needs of each, dependencies first.
+
+    A module it imports as a module (``from harness.scenarios import networks``) comes whole; one it
+    imports names from (``from harness.scenarios.model import judge_across``) gives just those names and
+    what they use, so that no two scenarios' ``run_rank`` meet in one file.
+    """
+    order: list[str] = []
+    needs: dict[str, Optional[set]] = {}
+
+    def visit(name: str) -> None:
+        tree = ast.parse(inspect.getsource(importlib.import_module(name)))
+        for node in tree.body:
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("harness.scenarios")):
+                continue
+            for a in node.names:
+                target = getattr(importlib.import_module(node.module), a.name)
+                dep, names = (target.__name__, None) if inspect.ismodule(target) else (node.module, {a.name})
+                if dep not in needs:
+                    visit(dep)
+                    order.append(dep)
+                    needs[dep] = names
+                elif needs[dep] is not None:
+                    needs[dep] = None if names is None else needs[dep] | names
+
+    visit(module_name)
+    return [(m, None if needs[m] is None else tuple(sorted(needs[m]))) for m in order]
+
+
 def harness_source(case: Case) -> str:
     """The copied code: imports first (deduplicated), then every part, then the launcher."""
     imports: list[str] = []
     blocks: list[str] = []
     cut = len(PARTS) - 3  # the scenario's rank code after what it uses, before the rank loop and adapters
-    parts = list(PARTS[:cut]) + [(f"harness.scenarios.{case.scenario}", None)] + list(PARTS[cut:]) + [(LAUNCHER, None)]
+    scenario = f"harness.scenarios.{case.scenario}"
+    parts = list(PARTS[:cut]) + scenario_parts(scenario) + [(scenario, None)] + list(PARTS[cut:]) + [(LAUNCHER, None)]
     for module_name, only in parts:
         imp, blk = _segments(module_name, only)
         path = module_name.replace(".", "/") + ".py"

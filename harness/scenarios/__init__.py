@@ -17,13 +17,17 @@ and may have a third, asked in the parent before any rank runs the case:
 - :mod:`~harness.scenarios.layer`: one SyncBN layer (or a converted nested model's layer), step by step;
 - :mod:`~harness.scenarios.model`: SyncBN inside a small network, optionally under DDP and an optimizer
   (the networks and their float64 oracle in :mod:`~harness.scenarios.networks`);
+- :mod:`~harness.scenarios.conversion`: a user's model converted by the implementation, judged by the unconverted
+  model in float64 (the models in :mod:`~harness.scenarios.user_models`);
+- :mod:`~harness.scenarios.checkpoint`: a converted model's checkpoint resumed at another world size, reverted to
+  plain BatchNorm, or loaded on rank 0 under DDP;
 - :mod:`~harness.scenarios.cuda_graph`: a training step captured in a CUDA graph, replayed step by step.
 """
 
 import importlib
 from typing import Optional
 
-SCENARIOS = ("layer", "model", "cuda_graph")
+SCENARIOS = ("layer", "model", "conversion", "checkpoint", "cuda_graph")
 
 
 def module(name: str):

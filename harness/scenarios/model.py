@@ -132,7 +132,7 @@ class Oracle:
                 p.grad = None
 
 
-def _tolerance(truth: torch.Tensor, case: Case, reduction: int, depth: int, step: int) -> torch.Tensor:
+def network_tolerance(truth: torch.Tensor, case: Case, reduction: int, depth: int, step: int) -> torch.Tensor:
     """Model tensors: K (u_in + u_a gamma(N)) depth (step + 1) (|t| + mean|t|), elementwise.
 
     A network's result passes through ``depth`` layers, each rounding its output to the input dtype (u_in)
@@ -206,7 +206,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         tag = f"step{s}.{STEP_KINDS[kind]}"
 
         def judge(name, got, true, dtype=None, tag=tag, reduction=reduction, s=s):
-            tol = _tolerance(true, case, reduction, depth, s)
+            tol = network_tolerance(true, case, reduction, depth, s)
             metrics.append((f"{tag}.{name}", compare_tensor(_cpu(got), true, tol, dtype=dtype)))
 
         judge("output", y, ys[rank].detach(), DTYPES[case.dtype])

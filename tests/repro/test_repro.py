@@ -122,3 +122,23 @@ def test_repro_refuses_an_ambiguous_case(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "harness", "repro", "allgather-shape/*", "--impl", "torch",
                            "--no-run"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2 and "give one case ID" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["ddp/cnn-sgd/broadcast-buffers-True-default-plain/float32/ws2",
+                                  "conversion/config/float32/uneven-3-5/ws2",
+                                  "conversion/checkpoint-revert/config/float32/ws2"])
+def test_repro_of_a_network_case_is_standalone_too(plugins, tmp_path, case):
+    """Scenarios that use other scenario modules (the networks, the user models, the converter checks) are
+    written into the file with them: it still imports no harness, and judges as the harness does."""
+    for plugin, code, word in (("good_bn", 0, "PASS"), ("biased_bn", 1, "FAIL")):
+        out = tmp_path / f"repro_{plugin}.py"
+        env = {**os.environ, "PYTHONPATH": str(plugins)}
+        proc = subprocess.run([sys.executable, "-m", "harness", "repro", case, "--impl", f"{plugin}:SyncBatchNorm",
+                               "-o", str(out)], capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, proc.stderr
+        assert not re.search(r"^\s*(import|from)\s+harness\b", out.read_text(), re.M)
+        ran = run_standalone(out, plugins, launcher=(sys.executable,))
+        assert ran.returncode == code, ran.stdout + ran.stderr
+        assert ran.stdout.startswith(f"{word}: {plugin}:SyncBatchNorm"), ran.stdout
+        assert "running_var" in ran.stdout or code == 0

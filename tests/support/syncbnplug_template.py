@@ -32,6 +32,21 @@ PLUGIN = textwrap.dedent('''
                 self.register_buffer("running_var", torch.ones(num_features))
                 self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
 
+        @classmethod
+        def convert_sync_batchnorm(cls, module, process_group=None):
+            if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                out = cls(module.num_features, module.eps, module.momentum, module.affine, module.track_running_stats,
+                          process_group)
+                if module.affine:
+                    out.weight, out.bias = module.weight, module.bias
+                if module.track_running_stats:
+                    for name in ("running_mean", "running_var", "num_batches_tracked"):
+                        out.register_buffer(name, getattr(module, name))
+                return out.train(module.training)
+            for name, child in list(module.named_children()):
+                setattr(module, name, cls.convert_sync_batchnorm(child, process_group))
+            return module
+
         def forward(self, x):
             c = self.num_features
             shape = (1, c) + (1,) * (x.dim() - 2)
