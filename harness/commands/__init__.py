@@ -52,9 +52,18 @@ def _terminate_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+def _stacks_on_sigusr1() -> None:
+    """``kill -USR1 <pid>`` writes every thread's Python stack to stderr (what a harness that seems stuck does)."""
+    import faulthandler
+
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def main(argv: Optional[list] = None) -> None:
     """Entry point of the console script and of ``python -m harness`` (through :mod:`harness.__main__`)."""
     _terminate_on_sigterm()
+    _stacks_on_sigusr1()
     load_commands()
     try:
         cli.main(args=argv, prog_name="syncbn-harness", standalone_mode=False)

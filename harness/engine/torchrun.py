@@ -224,11 +224,22 @@ class Job:
             self._emit(record)
 
     def _abort_with(self, c: "_Case", record: Record) -> None:
-        """Write the failing record, print the run's output, tell every rank to stop, exit 1."""
-        self._finish(record)
-        with self._lock:
-            self._abort(list(self.records))
-        c.set_done("abort")
+        """Write the failing record, print the run's output, tell every rank to stop, exit 1.
+
+        Two threads of the writer (the main one and the watchdog, when torchrun's SIGTERM comes while
+        the main thread writes) or two ranks (rank 0 leaving, the next one taking over) may both get
+        here: the first to claim the case in the store writes its one record; the others wait for its
+        word before they leave.
+        """
+        if c.claim_record():
+            self._finish(record)
+            with self._lock:
+                self._abort(list(self.records))
+            c.set_done("abort")
+        else:
+            end = time.monotonic() + DUMP_GRACE_S + 2 * DEAD_AFTER_S + 5
+            while c.get("done") is None and time.monotonic() < end:
+                time.sleep(POLL_S)
         os._exit(1)
 
     # ------------------------------------------------------------------ the watchdog thread
@@ -298,6 +309,10 @@ class _Case:
 
     def _key(self, what: str, rank: Optional[int] = None) -> str:
         return self.prefix + what + ("" if rank is None else f"/{rank}")
+
+    def claim_record(self) -> bool:
+        """True for the first caller, in the whole job, to write this case's record."""
+        return self.job.store.add(self._key("written"), 1) == 1
 
     def set(self, what: str, rank: int, value: str) -> None:
         self.job.store.set(self._key(what, rank), value)

@@ -43,11 +43,16 @@ def test_interrupt_reaps_every_rank(tmp_path, how):
     else:
         proc.send_signal(signal.SIGTERM)
     try:
-        code = proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    err = proc.stderr.read().decode()
+        # communicate() drains both pipes while waiting: a harness blocked writing to a full pipe is not stuck.
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # the harness writes its threads' stacks to stderr
+        time.sleep(1)
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        pytest.fail("the harness did not end within 60 s of the signal; its stacks:\n" + err.decode()[-6000:])
+    err = err.decode()
+    code = proc.returncode
     assert code == 130, err
     assert ("interrupted" if how == "ctrl-c" else "terminated") + "; every rank process was stopped" in err
     # What was done is kept, and the way to go on is said.
