@@ -56,13 +56,22 @@ def _stacks_on_sigusr1() -> None:
     """``kill -USR1 <pid>`` writes every thread's Python stack to stderr (what a harness that seems stuck does)."""
     import faulthandler
 
-    if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    try:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+    except (AttributeError, ValueError, OSError):  # no SIGUSR1, or no real stderr (an embedding host)
+        pass
+
+
+def _interrupt_on_sigint() -> None:
+    """Ctrl-C raises KeyboardInterrupt even when the harness was started with SIGINT ignored (an inherited
+    disposition: Python then leaves it ignored), so an interrupt always reaps the ranks and says what is kept."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def main(argv: Optional[list] = None) -> None:
     """Entry point of the console script and of ``python -m harness`` (through :mod:`harness.__main__`)."""
     _terminate_on_sigterm()
+    _interrupt_on_sigint()
     _stacks_on_sigusr1()
     load_commands()
     try:

@@ -24,7 +24,10 @@ def start_hanging_run(tmp_path):
         [sys.executable, "-m", "harness", "run", "--impl", "probes:SleepOnRank1", "--case",
          "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2", "--timeout", "600",
          "--store", str(tmp_path / "store")],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        # Started with SIGINT ignored, as a shell's background job is (and as an xdist worker may pass on):
+        # the harness must still take Ctrl-C.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert wait_until(lambda: len(rank_processes(proc.pid)) == 2, timeout=120), "ranks did not start"
     ranks = rank_processes(proc.pid)
     # The case is under way once rank 1 sleeps in forward (rank 0 then waits in the all_gather); on a busy
