@@ -35,10 +35,9 @@ from torch import nn
 from harness.catalog.case import DTYPES, STEP_KINDS, Case, materialize
 from harness.engine.collectives import mark_step
 from harness.judge.compare import compare_tensor
-from harness.judge.invariants import bits
 from harness.judge.metric import Metric
 from harness.scenarios import user_models
-from harness.scenarios.model import judge_across, network_tolerance
+from harness.scenarios.model import judge_across, judge_buffers, network_tolerance
 
 __all__ = ["run_rank", "run_step", "oracle_step", "judge_across", "conversion_problems"]
 
@@ -219,17 +218,7 @@ def run_step(case: Case, impl, device: str, rank: int, model: nn.Module, oracle:
     truth = dict(oracle.named_buffers(remove_duplicate=False))
     inner = model.module if averaged else model
     got_buffers = dict(inner.named_buffers(remove_duplicate=False))
-    bitwise = {}
-    for name, buf in got_buffers.items():
-        true = truth.get(name)
-        if true is None:
-            continue
-        if name.endswith("num_batches_tracked"):
-            if int(buf) != int(true):
-                metrics.append((f"{tag}.{name}", Metric.failure(f"{name} {int(buf)}, expected {int(true)}")))
-        else:
-            judge(name, buf, true, pdtype)
-        bitwise[name] = bits(buf)
+    bitwise = judge_buffers(got_buffers.items(), truth, judge, metrics, tag, pdtype)
     missing = sorted(set(truth) - set(got_buffers))
     if missing:
         metrics.append((f"{tag}.buffers", Metric.failure(f"buffers missing after conversion: {missing}")))

@@ -236,17 +236,27 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
                         if torch.is_tensor(value) and value.is_floating_point() and value.dim():
                             judge(f"opt.{name}.{key}", value, oracle.opt.state[p64][key].detach())
                             bitwise[f"opt.{name}.{key}"] = bits(value)
-        for name, buf in net.named_buffers():
-            true = oracle.buffers[name]
-            if name.endswith("num_batches_tracked"):
-                if int(buf) != int(true):
-                    metrics.append((f"{tag}.{name}", Metric.failure(f"{name} {int(buf)}, expected {int(true)}")))
-            else:
-                judge(name, buf, true, pdtype)
-            bitwise[name] = bits(buf)
+        bitwise.update(judge_buffers(net.named_buffers(), oracle.buffers, judge, metrics, tag, pdtype))
         across[str(s)] = bitwise
     result.across["bitwise"] = across
     result.metrics = dict(metrics)
+
+
+def judge_buffers(buffers, truth: dict, judge, metrics: list, tag: str, dtype) -> dict:
+    """Each of ``buffers`` (name, tensor) against the oracle's of that name, ``num_batches_tracked`` exactly;
+    ``judge(name, got, true, dtype)`` compares the others (in ``dtype``). Returns the judged buffers' bits, by name."""
+    bitwise = {}
+    for name, buf in buffers:
+        true = truth.get(name)
+        if true is None:
+            continue
+        if name.endswith("num_batches_tracked"):
+            if int(buf) != int(true):
+                metrics.append((f"{tag}.{name}", Metric.failure(f"{name} {int(buf)}, expected {int(true)}")))
+        else:
+            judge(name, buf, true, dtype)
+        bitwise[name] = bits(buf)
+    return bitwise
 
 
 def judge_across(case: Case, results: list) -> list[tuple[str, Metric]]:
