@@ -15,5 +15,6 @@ FAMILY_MODULES = (
     "training_loop",
     "ddp",
     "conversion",
+    "compile",
     "cuda_graph",
 )

@@ -32,6 +32,9 @@ import torch
 STEP_KINDS = {"train": "train", "fwd": "train", "nograd": "train", "eval": "eval", "eval-rank0": "eval"}
 INPUT_LAYOUTS = ("dense", "permuted", "sliced")
 CASE_BACKENDS = (None, "nccl-contract")  # None: the run's backend
+# torch.compile of the case's module: a backend, then optionally "fullgraph" and "dynamic" (dynamic=True)
+COMPILE_BACKENDS = ("eager", "aot_eager", "inductor")
+COMPILE_OPTIONS = ("fullgraph", "dynamic")
 
 DTYPES = {
     "float16": torch.float16,
@@ -84,6 +87,9 @@ class Case:
     # The process-group backend of this case when it is not the run's: "nccl-contract" runs torch's non-gloo
     # code path on CPU (see harness.engine.nccl_contract).
     backend: Optional[str] = None
+    # Run the case's module under torch.compile, and eagerly beside it (see harness.engine.compiled):
+    # (backend, *options), e.g. ("aot_eager", "fullgraph"); () runs eagerly only.
+    compile: tuple[str, ...] = ()
     seed: int = -1  # -1: derived from the id, so a case's data never changes with catalog order
     default: bool = True  # in the default selection (else only with --exhaustive)
     note: str = ""
@@ -111,6 +117,10 @@ class Case:
             raise ValueError(f"case id {self.id!r} must start with its family {self.family!r}/")
         if self.backend not in CASE_BACKENDS:
             raise ValueError(f"case {self.id}: backend must be one of {CASE_BACKENDS}")
+        if self.compile and (self.compile[0] not in COMPILE_BACKENDS or len(set(self.compile[1:])) != len(
+                self.compile) - 1 or any(o not in COMPILE_OPTIONS for o in self.compile[1:])):
+            raise ValueError(f"case {self.id}: compile is (backend, *options) with a backend of {COMPILE_BACKENDS} "
+                             f"and options among {COMPILE_OPTIONS}, got {self.compile}")
         if self.seed < 0:
             object.__setattr__(self, "seed", seed_of(self.id))
 
@@ -161,6 +171,7 @@ class Case:
             "optimizer": self.optimizer,
             "ddp": list(self.ddp),
             "backend": self.backend,
+            "compile": list(self.compile),
         }
 
     def sizes_at(self, step: int) -> tuple[int, ...]:
@@ -174,7 +185,7 @@ class Case:
     def from_dict(cls, d: dict) -> "Case":
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
-        for key in ("batch_sizes", "steps", "constant_channels", "ddp"):
+        for key in ("batch_sizes", "steps", "constant_channels", "ddp", "compile"):
             if key in kw:
                 kw[key] = tuple(kw[key])
         if kw.get("step_batch_sizes") is not None:

@@ -22,10 +22,15 @@ from harness.commands._options import growth_options, selection_options, store_o
 @click.option("--fail-on-collectives-change", "fail_on_collectives", is_flag=True,
               help="Also fail when a (case, impl) keeps its status but its ranks issue other collectives than in "
                    "the baseline (count, op, dtype or size). Without it such changes are listed, not failing.")
+@click.option("--fail-on-graph-break-change", "fail_on_compilation", is_flag=True,
+              help="Also fail when a compiled (case, impl) keeps its status but dynamo compiled it differently "
+                   "(graph count, a graph break or eager frame added or gone). Without it such changes are "
+                   "listed, not failing.")
 @click.option("--junit", type=click.Path(dir_okay=False), default=None,
               help="Write JUnit XML here: one testcase per (case, impl), failing on a regression or a missing "
                    "result.")
-def gate(baseline_path, store_dir, selection, growth, growth_floor, allow_missing, fail_on_collectives, junit):
+def gate(baseline_path, store_dir, selection, growth, growth_floor, allow_missing, fail_on_collectives,
+         fail_on_compilation, junit):
     """Compare the current build with a baseline; exit 1 on any regression or missing result, 0 otherwise.
 
     A regression is a baseline pass that is anything else now, or error growth beyond --growth. A missing result
@@ -44,7 +49,7 @@ def gate(baseline_path, store_dir, selection, growth, growth_floor, allow_missin
     else:
         current = run_current(selection)
     result = gate_mod.evaluate(baseline, current, GrowthRule(growth, growth_floor), allow_missing=allow_missing,
-                               fail_on_collectives=fail_on_collectives)
+                               fail_on_collectives=fail_on_collectives, fail_on_compilation=fail_on_compilation)
     click.echo(gate_mod.format_result(result, baseline_path))
     if junit:
         junit_xml.write(gate_mod.junit_rows(result), junit, suite_name="syncbn-harness gate")

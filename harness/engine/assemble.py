@@ -7,8 +7,8 @@ the build's identity, every rank's outcome, every rank's metrics (prefixed
 (:func:`harness.judge.desync.first_divergence`: named first in the message,
 ahead of the crash or hang it causes, and a mismatch where nothing else
 failed), the checks across ranks of the case's scenario (a rank-level pass
-can still be a case-level mismatch there), and what the known-issues file
-says of it.
+can still be a case-level mismatch there), what torch.compile did on each
+rank (compiled cases), and what the known-issues file says of it.
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ def from_outcome(case, impl, info: BuildInfo, device: str, backend: str, outcome
     return record(case, impl, info, device, backend, status, text, ranks=outcome.ranks, metrics=metrics,
                   duration_s=round(duration, 4), started_at=started,
                   impl_version=first.impl_version if first else None, mode=first.mode if first else None,
-                  compare=merge_compare(results), desync=desync.to_dict() if desync else None)
+                  compare=merge_compare(results), desync=desync.to_dict() if desync else None,
+                  compile=merge_compile(results))
 
 
 def merge_compare(results: list) -> Optional[dict]:
@@ -87,6 +88,17 @@ def merge_compare(results: list) -> Optional[dict]:
         for name, v in p["max_abs_diff"].items():
             merged["max_abs_diff"][name] = max(v, merged["max_abs_diff"].get(name, 0.0))
     return merged
+
+
+def merge_compile(results: list) -> Optional[dict]:
+    """The ranks' torch.compile metrics (harness.engine.compiled): the options once, then each rank's own."""
+    parts = {r.rank: r.compile for r in results if r.compile}
+    if not parts:
+        return None
+    first = next(iter(parts.values()))
+    spec = {k: first[k] for k in ("backend", "fullgraph", "dynamic") if k in first}
+    return {**spec, "ranks": {str(rank): {k: v for k, v in c.items() if k not in spec}
+                              for rank, c in sorted(parts.items())}}
 
 
 def _safe_version(impl) -> Optional[str]:

@@ -20,7 +20,12 @@ another, such as evaluation on one rank while the others wait) a call raises
 with a message naming the collective, instead of leaving its peers hanging.
 
 C++-level communication (DDP's reducer and its buffer broadcasts) does not go
-through these functions and is not recorded.
+through these functions and is not recorded. Inside :func:`suspended` (the
+compiled pass of a ``torch.compile`` case) torch's own functions are back in
+place and nothing is recorded: dynamo must see the functions a user's program
+has, since it puts those collectives in its graphs (it knows them by
+identity, from when ``torch.distributed._functional_collectives`` was
+imported: before the wrappers, which :func:`install_recorder` makes sure of).
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ _step: Optional[int] = None
 _forbidden: Optional[str] = None
 _installed = False
 _sink: Optional[int] = None  # file descriptor of the sink file
+_wrappers: dict[str, tuple] = {}  # name -> (torch's function, its wrapper)
 
 
 def install_recorder(sink: Optional[str] = None) -> None:
@@ -70,15 +76,39 @@ def install_recorder(sink: Optional[str] = None) -> None:
         return
     from torch.distributed import distributed_c10d as c10d
 
+    try:  # dynamo's table of the collectives it traces, keyed by torch's functions: made before the wrappers
+        import torch.distributed._functional_collectives  # noqa: F401
+    except ImportError:  # torch < 2.1
+        pass
     for name, arg in OPS.items():
         original = getattr(c10d, name, None) or getattr(dist, name, None)
         if original is None or getattr(original, "__syncbn_wrapped__", False):
             continue
         wrapped = _wrap(name, arg, original)
+        _wrappers[name] = (original, wrapped)
         for module in (dist, c10d):
             if getattr(module, name, None) is original:
                 setattr(module, name, wrapped)
     _installed = True
+
+
+@contextlib.contextmanager
+def suspended():
+    """torch.distributed's own collective functions for the block: nothing is recorded or forbidden there."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    swapped = []
+    for name, (original, wrapped) in _wrappers.items():
+        for module in (dist, c10d):
+            if getattr(module, name, None) is wrapped:
+                setattr(module, name, original)
+                swapped.append((module, name, wrapped))
+    try:
+        yield
+    finally:
+        for module, name, wrapped in swapped:
+            setattr(module, name, wrapped)
 
 
 def _wrap(name: str, arg: Optional[int], original):

@@ -38,7 +38,7 @@ import traceback
 from typing import Optional
 
 from harness.catalog.case import Case
-from harness.engine import nccl_contract
+from harness.engine import compiled, nccl_contract
 from harness.engine.collectives import begin_task, install_recorder, recorded
 from harness.engine.messages import RankResult, Task
 from harness.impls.registry import resolve
@@ -102,7 +102,11 @@ def run_task(ctx: RankContext, task: Task, scenario=None) -> RankResult:
         result.impl_version = impl.version()
         result.mode = impl.mode
         try:
-            (scenario or scenario_module(case)).run_rank(ctx, case, impl, task.device, result, task.compare)
+            runner = scenario or scenario_module(case)
+            if case.compile:
+                compiled.run_compiled(runner, ctx, case, impl, task.device, result, task.compare)
+            else:
+                runner.run_rank(ctx, case, impl, task.device, result, task.compare)
         finally:
             result.collectives = recorded()
         # What the rank said goes first: a wrong collective is the cause of the wrong tensors after it.
@@ -199,6 +203,7 @@ def rank_main(rank: int, world_size: int, port: int, conn, log_path: str, parent
         os.environ.pop(var, None)
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     sys.path[:0] = extra
+    compiled.use_inductor_cache()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

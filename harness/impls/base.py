@@ -47,6 +47,7 @@ class Capabilities:
     mixed_dtypes: bool = True  # input dtype differing from parameter dtype
     convert: bool = False  # conversion of a whole model (convert_sync_batchnorm or similar)
     graph_capture: bool = True  # a training step can be captured in a CUDA graph (no host syncs)
+    fullgraph: bool = True  # meant to compile under torch.compile(fullgraph=True) (no host syncs, no breaks)
 
     def to_dict(self) -> dict:
         return {k: sorted(v) if isinstance(v, frozenset) else v for k, v in self.__dict__.items()}
@@ -91,6 +92,7 @@ class Impl(abc.ABC):
             (cap.no_running_stats or case.track_running_stats, "track_running_stats=False"),
             (cap.empty_ranks or min(case.batch_sizes) > 0, "an empty batch on a rank"),
             (cap.convert or not case.model, "conversion of a whole model"),
+            (cap.fullgraph or "fullgraph" not in case.compile, "torch.compile(fullgraph=True)"),
         ]
         missing = [what for ok, what in checks if not ok]
         if missing:
@@ -111,6 +113,10 @@ class Impl(abc.ABC):
     def forward(self, module, input):
         """Call the module, or a whole model containing it (adapters may wrap the call, e.g. in a context)."""
         return module(input)
+
+    def before_compile(self) -> None:  # noqa: B027 - most adapters have nothing to hide from dynamo
+        """Called in a rank process before a case is compiled: hide adapter Python that only ever runs
+        eagerly (kernels registered from Python) from dynamo, which would otherwise compile it too."""
 
     def ddp_guard(self):
         """A context in which ``DistributedDataParallel`` may wrap a model of this implementation's layers."""

@@ -22,7 +22,8 @@ Not capturable in a CUDA graph (capabilities: ``graph_capture=False``): the
 forward reads the global count to the host (``float(count)``, to skip an
 all-empty group and for the unbiased variance) and the CUDA
 ``batch_norm_backward_elemt`` checks the count on the host; a capture forbids
-both syncs.
+both syncs. For the same reason ``torch.compile`` breaks the graph there, and
+``fullgraph=True`` is not supported (capabilities: ``fullgraph=False``).
 """
 
 from __future__ import annotations
@@ -229,7 +230,7 @@ def _derived(kind: type, cls: type) -> type:
 class ReferenceImpl(Impl):
     """The reference SyncBN: supports every case on every device the kernels are built for, outside CUDA graphs."""
 
-    capabilities = Capabilities(convert=True, graph_capture=False)
+    capabilities = Capabilities(convert=True, graph_capture=False, fullgraph=False)
 
     def version(self) -> str:
         from harness import __version__

@@ -21,17 +21,24 @@ outputs in the input dtype and memory format. So a defect in CUDA arithmetic
 is not visible here, and a difference in our arithmetic is ours.
 
 The module's device check: releases whose check consults
-``torch._C._get_privateuse1_backend_name()`` run the unmodified module, with
-that lookup answered ``"cpu"`` only for the duration of the forward call
-(:func:`privateuse1_answers_cpu`): the "module" path. Releases whose check
-reads ``input.is_cuda`` get :class:`FunctionDriven`, which repeats the
-module's bookkeeping and calls torch's autograd Function directly: the
-"function" path. ``SYNCBN_HARNESS_TORCH_PATH=module|function`` forces one.
-Seen: torch 2.13 and 2.1 take the module path, 1.13 the function path; both
-paths run on 2.13. Torch's Function also asks
-``torch.cuda.is_current_stream_capturing()`` (a CUDA build without a driver
-raises there, torch 1.13); with no CUDA device it is answered ``False`` in
-rank processes, the answer a GPU outside graph capture gives.
+``torch._C._get_privateuse1_backend_name()`` run torch's own ``forward``
+with that one call answered ``"cpu"`` in its source
+(:func:`accept_cpu_in_module`: the function is recompiled from torch's source
+with the call replaced by the constant, same file and line numbers), installed
+on the class in rank processes: the "module" path. Nothing else in the process
+sees the answer, so FakeTensor, dynamo and inductor, which ask the same lookup
+for their own purposes, still see ``privateuseone``; and ``torch.compile``
+traces the same function it would on a GPU, where the lookup is
+constant-folded too. Releases whose check reads ``input.is_cuda`` get
+:class:`FunctionDriven`, which repeats the module's bookkeeping and calls
+torch's autograd Function directly: the "function" path.
+``SYNCBN_HARNESS_TORCH_PATH=module|function`` forces one. Seen: torch 2.13
+and 2.1 take the module path, 1.13 the function path; both paths run on 2.13.
+Torch's Function also asks ``torch.cuda.is_current_stream_capturing()`` (a
+CUDA build without a driver raises there, torch 1.13); with no CUDA device it
+is answered ``False`` in rank processes, the answer a GPU outside graph
+capture gives, by a function installed under the same names before dynamo
+first reads its rules, so dynamo treats it by torch's rule for that name.
 
 A build that cannot be emulated (no ``torch.library.Library``, an ATen op
 missing, reference kernels that do not build for it) is reported by
@@ -47,9 +54,11 @@ means from ``batch_norm_backward_reduce`` (their contract then) instead of sums.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 import os
+import textwrap
 from typing import Optional
 
 import torch
@@ -113,6 +122,20 @@ def _kernel(op: str):
 
     call.__name__ = f"syncbn_ref_cpu_{op}"
     return call
+
+
+def hide_kernels_from_dynamo() -> None:
+    """Dynamo runs the Python CPU kernels as they are instead of compiling their frames.
+
+    After a graph break the ops run eagerly, and dynamo's frame hook would compile the Python function the
+    dispatcher calls (graphs and recompiles a GPU, whose kernels are C++, never has). No effect on tracing:
+    there the ops meet FakeTensors, never these kernels.
+    """
+    from torch._dynamo import eval_frame
+
+    skip_code = getattr(eval_frame, "skip_code", None)  # torch >= 2.1
+    if skip_code is not None:
+        skip_code(_kernel("batch_norm_stats").__code__)  # every op's kernel shares this code object
 
 
 def unavailable_reason() -> Optional[str]:
@@ -184,15 +207,58 @@ def device_check_path() -> str:
     return "module" if "_get_privateuse1_backend_name" in src else "function"
 
 
-@contextlib.contextmanager
-def privateuse1_answers_cpu():
-    """For the duration of the block, torch's privateuse1 backend name lookup answers ``"cpu"``."""
-    original = torch._C._get_privateuse1_backend_name
-    torch._C._get_privateuse1_backend_name = lambda: "cpu"
+def accept_cpu_in_module() -> None:
+    """Install on ``torch.nn.SyncBatchNorm`` its own ``forward`` with the privateuse1 lookup answered ``"cpu"``.
+
+    The function is torch's source with every ``torch._C._get_privateuse1_backend_name()`` call replaced by
+    the constant ``"cpu"``, compiled under torch's file name and line numbers with torch's globals. Only rank
+    processes call this (once; later calls do nothing). Raises :class:`ImplUnavailable` if the source has no
+    such call or cannot be read, naming the other path.
+    """
+    cls = torch.nn.SyncBatchNorm
+    if getattr(cls.forward, "_syncbn_harness_accepts_cpu", False):
+        return
+    original = cls.forward
+    fix = ("set SYNCBN_HARNESS_TORCH_PATH=function to drive torch's Function directly, or run the torch impl "
+           "on --device cuda")
     try:
-        yield
-    finally:
-        torch._C._get_privateuse1_backend_name = original
+        source = textwrap.dedent(inspect.getsource(original))
+    except (OSError, TypeError) as exc:
+        raise ImplUnavailable(f"cannot read torch {torch.__version__}'s SyncBatchNorm.forward ({exc}): {fix}") \
+            from None
+    if original.__code__.co_freevars:
+        raise ImplUnavailable(f"torch {torch.__version__}'s SyncBatchNorm.forward uses closure variables "
+                              f"{original.__code__.co_freevars}: {fix}")
+    tree = ast.parse(source)
+    answered = _AnswerCpu()
+    tree = ast.fix_missing_locations(answered.visit(tree))
+    if not answered.replaced:
+        raise ImplUnavailable(f"torch {torch.__version__}'s SyncBatchNorm.forward does not ask "
+                              f"torch._C._get_privateuse1_backend_name(): {fix}")
+    ast.increment_lineno(tree, original.__code__.co_firstlineno - 1)
+    namespace: dict = {}
+    exec(compile(tree, original.__code__.co_filename, "exec"), original.__globals__, namespace)  # noqa: S102
+    forward = namespace[original.__name__]
+    forward.__qualname__, forward.__module__, forward.__doc__ = (original.__qualname__, original.__module__,
+                                                                 original.__doc__)
+    forward._syncbn_harness_accepts_cpu = True
+    cls.forward = forward
+
+
+class _AnswerCpu(ast.NodeTransformer):
+    """Replaces ``torch._C._get_privateuse1_backend_name()`` calls by the constant ``"cpu"``."""
+
+    replaced = 0
+
+    def visit_Call(self, node: ast.Call):
+        self.generic_visit(node)
+        f = node.func
+        if (isinstance(f, ast.Attribute) and f.attr == "_get_privateuse1_backend_name"
+                and isinstance(f.value, ast.Attribute) and f.value.attr == "_C"
+                and isinstance(f.value.value, ast.Name) and f.value.value.id == "torch" and not node.args):
+            self.replaced += 1
+            return ast.copy_location(ast.Constant("cpu"), node)
+        return node
 
 
 class FunctionDriven(torch.nn.SyncBatchNorm):

@@ -40,6 +40,8 @@ class TorchImpl(Impl):
             torch_emulation.install()
             self.mode = "cpu-emulation"
             self.path = torch_emulation.device_check_path()
+            if self.path == "module":
+                torch_emulation.accept_cpu_in_module()
 
     def describe(self) -> dict:
         from harness.impls import torch_emulation
@@ -77,6 +79,13 @@ class TorchImpl(Impl):
                     m.__class__ = FunctionDriven  # same state; forward drives torch's Function directly
         return converted
 
+    def before_compile(self) -> None:
+        """In cpu-emulation, the Python CPU kernels of the five ATen ops are skipped by dynamo (a GPU's are C++)."""
+        if self.mode == "cpu-emulation":
+            from harness.impls import torch_emulation
+
+            torch_emulation.hide_kernels_from_dynamo()
+
     def ddp_guard(self):
         """In cpu-emulation, DDP's refusal of SyncBatchNorm in CPU modules is skipped while it wraps the model."""
         if self.mode == "cpu-emulation":
@@ -85,11 +94,3 @@ class TorchImpl(Impl):
             self.ddp_note = "DDP's CPU SyncBatchNorm check skipped"
             return torch_emulation.ddp_accepts_cpu_syncbn()
         return super().ddp_guard()
-
-    def forward(self, module, input):
-        if input.device.type == "cpu" and self.mode == "cpu-emulation" and self.path == "module":
-            from harness.impls.torch_emulation import privateuse1_answers_cpu
-
-            with privateuse1_answers_cpu():
-                return module(input)
-        return module(input)

@@ -17,6 +17,12 @@ A change of the collectives the ranks issued (count, op, dtype, size, group;
 sides is its own kind, ``collectives changed``: not a regression (``gate``
 fails on it only when asked), but never silent.
 
+A change of what ``torch.compile`` did (graphs, graph-break or eager-frame
+reasons; :func:`harness.results.compile_stats.change`) with the same status is
+likewise its own kind, ``compilation changed``: a new graph break shows, and
+``gate`` fails on it when asked. A fullgraph case that starts compiling is a
+status change (error -> pass), listed as fixed.
+
 A *regression* (what ``gate`` fails on) is a pass that became anything else,
 or error growth. Pairs missing from one side are listed, never regressions.
 """
@@ -27,18 +33,19 @@ import math
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
-from harness.results import fingerprint
+from harness.results import compile_stats, fingerprint
 from harness.results.records import FAILURES, Record, Status
 
 NEW_FAILURE = "new failure"
 FIXED = "fixed"
 STATUS_CHANGE = "status change"
 COLLECTIVES = "collectives changed"
+COMPILATION = "compilation changed"
 GROWTH = "error growth"
 ONLY_BEFORE = "only in A"
 ONLY_AFTER = "only in B"
 SAME = "same"
-KIND_ORDER = (NEW_FAILURE, GROWTH, STATUS_CHANGE, COLLECTIVES, FIXED, ONLY_BEFORE, ONLY_AFTER, SAME)
+KIND_ORDER = (NEW_FAILURE, GROWTH, STATUS_CHANGE, COMPILATION, COLLECTIVES, FIXED, ONLY_BEFORE, ONLY_AFTER, SAME)
 
 
 @dataclass(frozen=True)
@@ -97,6 +104,8 @@ class Change:
                 text += f", worst err/tol {_fmt(self.ratio_after)}"
         elif self.kind == COLLECTIVES:
             text += f", collectives {fingerprint.change(self.before, self.after)}"
+        elif self.kind == COMPILATION:
+            text += f", {compile_stats.change(self.before, self.after)}"
         message = (self.after.message if self.after and self.after.status != Status.PASS else
                    self.before.message if self.kind == FIXED and self.before else "")
         if message:
@@ -142,6 +151,8 @@ def classify(before: Optional[Record], after: Optional[Record], rule: GrowthRule
         return STATUS_CHANGE
     if rule.grew(before.worst_ratio, after.worst_ratio):
         return GROWTH
+    if compile_stats.change(before, after) is not None:
+        return COMPILATION
     if fingerprint.change(before, after) is not None:
         return COLLECTIVES
     return SAME

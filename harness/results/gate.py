@@ -13,7 +13,9 @@ by (impl, case) with :mod:`harness.results.diff`. The gate fails on:
 
 A change of the collectives the ranks issued (same status, another pattern
 of collectives: count, op, dtype, size) is listed; it fails the gate only with
-``fail_on_collectives`` (a CI that pins the communication pattern).
+``fail_on_collectives`` (a CI that pins the communication pattern). A change
+of what torch.compile did (a new graph break, another graph count) is listed
+the same way and fails only with ``fail_on_compilation``.
 
 A failure that was already failing in the baseline is not a regression. A
 gate that compares nothing at all is refused: it would pass vacuously.
@@ -26,7 +28,8 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from harness.errors import UsageError
-from harness.results.diff import COLLECTIVES, DEFAULT_RULE, ONLY_AFTER, ONLY_BEFORE, Change, GrowthRule, compare
+from harness.results.diff import (COLLECTIVES, COMPILATION, DEFAULT_RULE, ONLY_AFTER, ONLY_BEFORE, Change, GrowthRule,
+                                  compare)
 from harness.results.junit import detail
 from harness.results.records import NOT_RUN, Record, Status
 from harness.results.store import Store, read_file, record_key
@@ -47,6 +50,7 @@ class GateResult:
     current_builds: list[str]
     allow_missing: bool = False
     fail_on_collectives: bool = False
+    fail_on_compilation: bool = False
 
     @property
     def regressions(self) -> list[Change]:
@@ -63,6 +67,11 @@ class GateResult:
         return [c for c in self.changes if c.kind == COLLECTIVES]
 
     @property
+    def compilation_changed(self) -> list[Change]:
+        """Compiled pairs whose graphs, graph breaks or eager frames changed, with the same status."""
+        return [c for c in self.changes if c.kind == COMPILATION]
+
+    @property
     def compared(self) -> list[Change]:
         return [c for c in self.changes if c.kind not in (ONLY_BEFORE, ONLY_AFTER)]
 
@@ -70,7 +79,8 @@ class GateResult:
     def exit_code(self) -> int:
         """1 on any regression (or missing result unless allowed, or collectives change if asked), 0 otherwise."""
         return 1 if (self.regressions or (self.missing and not self.allow_missing)
-                     or (self.fail_on_collectives and self.collectives_changed)) else 0
+                     or (self.fail_on_collectives and self.collectives_changed)
+                     or (self.fail_on_compilation and self.compilation_changed)) else 0
 
 
 def load_baseline(path) -> list[Record]:
@@ -99,12 +109,14 @@ def stored_current(store_dir, key: str, impls: Sequence[str] = (), case_patterns
 
 
 def evaluate(baseline: Sequence[Record], current: Sequence[Record], rule: GrowthRule = DEFAULT_RULE, *,
-             allow_missing: bool = False, fail_on_collectives: bool = False) -> GateResult:
+             allow_missing: bool = False, fail_on_collectives: bool = False,
+             fail_on_compilation: bool = False) -> GateResult:
     """Compare ``current`` with ``baseline``; refuse a comparison with no (impl, case) in common."""
     if not current:
         raise GateError("no current records to gate (the selection or the store filters left none)")
     result = GateResult(compare(baseline, current, rule), sorted({record_key(r) for r in baseline}),
-                        sorted({record_key(r) for r in current}), allow_missing, fail_on_collectives)
+                        sorted({record_key(r) for r in current}), allow_missing, fail_on_collectives,
+                        fail_on_compilation)
     if not result.compared:
         base_impls = sorted({r.impl for r in baseline})
         cur_impls = sorted({r.impl for r in current})
@@ -127,7 +139,9 @@ def format_result(result: GateResult, baseline_name: str) -> str:
                      "records")
     others = [c for c in result.changes if not c.regression and c.kind not in ("same", ONLY_BEFORE)]
     for c in others:
-        kind = c.kind.upper() if c.kind == COLLECTIVES and result.fail_on_collectives else c.kind
+        failing = (c.kind == COLLECTIVES and result.fail_on_collectives) or (
+            c.kind == COMPILATION and result.fail_on_compilation)
+        kind = c.kind.upper() if failing else c.kind
         lines.append(f"{kind:<11} {c.case}  [{c.impl}]  {c.describe()}")
     n, m = len(result.regressions), len(missing)
     verdict = f"gate: {n} regression{'s' if n != 1 else ''}"
@@ -135,6 +149,10 @@ def format_result(result: GateResult, baseline_name: str) -> str:
     if k:
         verdict += f", {k} with other collectives" + (" (failing: --fail-on-collectives-change)"
                                                       if result.fail_on_collectives else " (reported, not failing)")
+    k = len(result.compilation_changed)
+    if k:
+        verdict += f", {k} compiled differently" + (" (failing: --fail-on-graph-break-change)"
+                                                    if result.fail_on_compilation else " (reported, not failing)")
     if m:
         verdict += f", {m} missing" + (" (allowed by --allow-missing)" if result.allow_missing else
                                        " (a run that stopped early, or a smaller selection: --allow-missing "
@@ -154,6 +172,9 @@ def junit_rows(result: GateResult) -> list[dict]:
                        message=f"regression against the baseline: {c.describe()}", detail=_detail(c.after))
         elif c.kind == COLLECTIVES and result.fail_on_collectives:
             row.update(outcome="failure", type="collectives", message=f"collectives changed: {c.describe()}",
+                       detail=_detail(c.after))
+        elif c.kind == COMPILATION and result.fail_on_compilation:
+            row.update(outcome="failure", type="compilation", message=f"compilation changed: {c.describe()}",
                        detail=_detail(c.after))
         elif c.kind == ONLY_BEFORE:
             missing = c.before.status not in NOT_RUN and not result.allow_missing

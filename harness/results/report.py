@@ -12,6 +12,9 @@ impl, case) in the store (a re-run supersedes earlier records):
 - The failing cases with their messages, the ranks to blame, what each rank
   said (its collectives, :mod:`harness.results.fingerprint`), the first
   collective the ranks disagreed on, and what a debug re-run said.
+- The compiled cases (``torch.compile``): per record the options, graphs,
+  graph breaks, frames run eagerly, recompiles and the comparison with the
+  eager run (:mod:`harness.results.compile_stats`), the reasons folded under.
 - Error against tolerance, per tensor, log-log (matplotlib, Agg), one plot per
   implementation, one color per build; points above the diagonal failed.
 
@@ -34,7 +37,7 @@ from typing import Optional, Sequence
 
 from harness import __version__
 from harness.errors import HarnessError, UsageError
-from harness.results import fingerprint
+from harness.results import compile_stats, fingerprint
 from harness.results.records import RankStatus, Record
 from harness.results.store import Store, latest, record_key
 
@@ -95,7 +98,8 @@ def records_frame(records: Sequence[Record]):
                "collectives": "\n".join(fingerprint.per_rank(r)) if r.status.value in FAILING else "",
                "desync": (r.desync or {}).get("message", ""),
                "diagnosis": (r.diagnosis or {}).get("summary") or "",
-               "world_size": r.world_size, "duration_s": r.duration_s, "started_at": r.started_at, "host": r.host}
+               "world_size": r.world_size, "duration_s": r.duration_s, "started_at": r.started_at, "host": r.host,
+               **compile_stats.columns(r)}
         for k, v in sorted(r.params.items()):
             row[f"param.{k}"] = json.dumps(v) if isinstance(v, (list, dict)) else v
         rows.append(row)
@@ -242,6 +246,7 @@ def markdown_summary(df, store_dir, max_failures: int = 30) -> str:
             lines.append(f"| `{build}` | " + " | ".join(cells) + " |")
     failing = df[df["status"].isin(FAILING)].sort_values(["known_issue", "impl", "build", "case"])
     n_known = int(failing["known_issue"].sum())
+    lines += compile_stats.markdown_table(df)
     lines += ["", f"## Failing cases ({len(failing)}, {n_known} of them known issues)", ""]
     if failing.empty:
         lines.append("None.")
@@ -312,6 +317,7 @@ def html_page(df, metrics, store_dir) -> str:
              + "</p>"]
     for impl in sorted(df["impl"].unique()):
         parts.append(_impl_section(df, metrics, impl))
+    parts.append(compile_stats.html_table(df))
     parts.append(_failing_table(df))
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -42,5 +42,10 @@ def unsupported_reason(case, impl, device: str, backend: str) -> Optional[str]:
     if case.backend and device != "cpu":
         return (f"{case.backend} is the CPU stand-in for torch's non-gloo code path: on --device cuda, "
                 "--backend nccl runs that path itself")
+    if case.compile:
+        import torch
+
+        if not hasattr(torch, "compile"):
+            return f"torch {torch.__version__} has no torch.compile (torch >= 2.0)"
     check = getattr(module(case.scenario), "unsupported_reason", None)
     return check(case, impl, device, backend) if check is not None else None
