@@ -188,3 +188,14 @@ def test_opcheck(kernels, op, make, dtype, fmt):
     x = (torch.randn(4, 67, 3, 5) * 2 + 1).to(dtype).contiguous(memory_format=fmt)
     result = torch.library.opcheck(getattr(kernels, op).default, make(x, kernels))
     assert all(v == "SUCCESS" for v in result.values()), result
+
+
+@pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck needs torch >= 2.4")
+@pytest.mark.parametrize("shape", [(6, 5), (2, 3, 4, 2, 3)], ids=["2d", "5d"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float64], ids=["bfloat16", "float64"])
+@pytest.mark.parametrize("op,make", OPCHECK_CASES, ids=[f"{o}-{i}" for i, (o, _) in enumerate(OPCHECK_CASES)])
+def test_opcheck_other_ranks_and_dtypes(kernels, op, make, dtype, shape):
+    """The fake kernels torch.compile traces with agree with the real ones beyond 4-D float32/float16 input."""
+    x = (torch.randn(*shape) * 2 + 1).to(dtype)
+    result = torch.library.opcheck(getattr(kernels, op).default, make(x, kernels))
+    assert all(v == "SUCCESS" for v in result.values()), result
