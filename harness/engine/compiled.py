@@ -21,13 +21,13 @@ Protocol (rank side; :func:`run_compiled`, called by ``run_task`` for a case wit
    recompiles (the guard that failed). It is written even when the compiled pass raises: fullgraph's refusal
    is an ``error`` whose message is dynamo's reason, and the graphs compiled before it still count.
 
-Inductor writes what it compiles under the harness's cache, one folder per torch build
-(:func:`inductor_cache_dir`), so a later run of an inductor case loads its kernels instead of compiling them.
+Inductor writes what it compiles under the harness's cache, one folder per torch build (set up when a rank
+process starts: :func:`harness.engine.rank.use_inductor_cache`), so a later run of an inductor case loads its
+kernels instead of compiling them.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Optional
@@ -35,6 +35,7 @@ from typing import Optional
 import torch
 
 from harness.engine.collectives import suspended
+from harness.engine.messages import RankResult
 from harness.judge.invariants import bits
 from harness.judge.metric import Metric
 
@@ -44,21 +45,6 @@ SHOWN = 6  # differing tensors named in a record
 def compile_options(case) -> dict:
     """``torch.compile`` keyword arguments of the case (besides the backend)."""
     return {"fullgraph": "fullgraph" in case.compile, "dynamic": True if "dynamic" in case.compile else None}
-
-
-def inductor_cache_dir() -> Path:
-    """Inductor's cache for this torch build: ``<harness cache>/inductor/torch-<version>-<commit>``."""
-    from harness.kernels.extension import cache_root
-
-    commit = (getattr(torch.version, "git_version", None) or "unknown")[:12]
-    return cache_root() / "inductor" / f"torch-{torch.__version__.replace('+', '_')}-{commit}"
-
-
-def use_inductor_cache() -> None:
-    """In a rank process: inductor caches under :func:`inductor_cache_dir` and compiles in the rank itself
-    (no pool of compile workers to leave behind), unless the user chose otherwise."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
-    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 
 
 class Recorder:
@@ -219,8 +205,6 @@ def _where(stack) -> str:
 
 def run_compiled(scenario, ctx, case, impl, device: str, result, compare_with: Optional[str] = None) -> None:
     """Run ``case`` eagerly, then compiled, with ``scenario``; judge the compiled pass and compare the two."""
-    from harness.engine.messages import RankResult
-
     eager = Recorder(impl)
     scenario.run_rank(ctx, case, eager, device, RankResult(rank=ctx.rank))
     backend = case.compile[0]

@@ -35,6 +35,7 @@ import os
 import signal
 import time
 import traceback
+from pathlib import Path
 from typing import Optional
 
 from harness.catalog.case import Case
@@ -184,6 +185,23 @@ def calls_path(log_path: str) -> str:
     return os.path.splitext(log_path)[0] + ".calls"
 
 
+def inductor_cache_dir() -> Path:
+    """Inductor's cache for this torch build: ``<harness cache>/inductor/torch-<version>-<commit>``."""
+    import torch
+
+    from harness.kernels.extension import cache_root
+
+    commit = (getattr(torch.version, "git_version", None) or "unknown")[:12]
+    return cache_root() / "inductor" / f"torch-{torch.__version__.replace('+', '_')}-{commit}"
+
+
+def use_inductor_cache() -> None:
+    """In a rank process: inductor caches under :func:`inductor_cache_dir` and compiles in the rank itself
+    (no pool of compile workers to leave behind), unless the user chose otherwise."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
+
 def rank_main(rank: int, world_size: int, port: int, conn, log_path: str, parent_pid: int, backend: str,
               device: str, setup_impls: tuple, environ: dict) -> None:
     """Entry point of a pool's rank process: join, prepare, then serve tasks until told to stop.
@@ -203,7 +221,7 @@ def rank_main(rank: int, world_size: int, port: int, conn, log_path: str, parent
         os.environ.pop(var, None)
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     sys.path[:0] = extra
-    compiled.use_inductor_cache()
+    use_inductor_cache()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

@@ -50,10 +50,10 @@ from typing import Callable, Optional
 
 from harness.engine import assemble
 from harness.engine.attribution import Observation, attribute, stacks_now
-from harness.engine import compiled, nccl_contract
+from harness.engine import nccl_contract
 from harness.engine.collectives import install_recorder
 from harness.engine.messages import RankResult, Task
-from harness.engine.rank import RankContext, run_task, timedelta
+from harness.engine.rank import RankContext, run_task, timedelta, use_inductor_cache
 from harness.errors import ImplUnavailable
 from harness.results.records import RankStatus, Record, Status
 from harness.scenarios import unsupported_reason as scenario_unsupported
@@ -142,7 +142,7 @@ class Job:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         if self.opts.resolved_backend == nccl_contract.NAME:
             nccl_contract.register()
-        compiled.use_inductor_cache()
+        use_inductor_cache()
         dist.init_process_group(self.opts.resolved_backend, init_method="env://",
                                 timeout=timedelta(self.opts.timeout + 60))
         try:

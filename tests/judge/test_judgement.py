@@ -56,7 +56,10 @@ CONVERTER_MODELS = ("bn-act", "lazy", "nested")
 
 
 def judged(cases):
-    return [c for c in cases if not (c.family == "conversion" and c.model in CONVERTER_MODELS)]
+    # Textbook converters meet the conversion models' traps by design; a correct SyncBN need not compile
+    # under fullgraph=True (it is allowed graph breaks): neither is a numerical alarm.
+    return [c for c in cases if not (c.family == "conversion" and c.model in CONVERTER_MODELS)
+            and "fullgraph" not in c.compile]
 
 
 @pytest.mark.slow
