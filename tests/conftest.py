@@ -1,7 +1,8 @@
 """Isolation for the harness's own tests.
 
 Rendezvous variables from the caller's shell must never reach a test, and
-every test that spawns processes must leave none behind. Tests marked ``cuda``
+every test that spawns processes must leave none behind. Tests whose rank
+processes import plugins from ``tests/support`` take :func:`support_on_path`. Tests marked ``cuda``
 are skipped, saying why, where torch sees no GPU (:func:`no_gpu_reason`);
 ``nox -s gpu`` runs them where it does.
 """
@@ -21,6 +22,15 @@ SCRUB = RENDEZVOUS_ENV + ("CUDA_VISIBLE_DEVICES",)
 def _scrub_env(monkeypatch):
     for var in SCRUB:
         monkeypatch.delenv(var, raising=False)
+
+
+SUPPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
+
+
+@pytest.fixture
+def support_on_path(monkeypatch):
+    """``tests/support`` on the PYTHONPATH the rank processes inherit (plugins named ``module:Class`` there)."""
+    monkeypatch.setenv("PYTHONPATH", SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
 @pytest.fixture(scope="session")

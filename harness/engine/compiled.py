@@ -224,9 +224,3 @@ def run_compiled(scenario, ctx, case, impl, device: str, result, compare_with: O
             f"backend eager differs from eager in {versus['differing']} of {versus['compared']} tensors: "
             + ", ".join(versus["differs"][:3]))
 
-
-def compile_label(spec: dict) -> str:
-    """``inductor fullgraph dynamic`` for a record's compile spec."""
-    return " ".join([spec.get("backend", "?")] + [o for o in ("fullgraph",) if spec.get(o)]
-                    + (["dynamic"] if spec.get("dynamic") else []))
-

@@ -39,11 +39,23 @@ def options(record: Record) -> str:
                     + (["dynamic"] if c.get("dynamic") else []))
 
 
+def counts(stats: dict) -> tuple[int, int, int]:
+    """(graph breaks, frames run eagerly, recompiles) of one rank, each event counted as often as it happened."""
+    return tuple(sum(b.get("count", 1) for b in stats.get(key, []))
+                 for key in ("graph_breaks", "skipped_frames", "recompiles"))
+
+
+def versus_eager(stats: dict) -> str:
+    """``bitwise``, ``max 1.2e-07`` (the largest difference from the eager run) or ``-`` (not compared)."""
+    versus = stats.get("vs_eager")
+    if not versus:
+        return "-"
+    return "bitwise" if versus.get("bitwise") else f"max {versus.get('max_abs_diff', 0):.3g}"
+
+
 def rank_line(rank: str, stats: dict) -> str:
     """``rank 0: 7 graphs (70 ops), 4 breaks, 0 frames eager, 5 recompiles; bitwise eager``."""
-    breaks = sum(b.get("count", 1) for b in stats.get("graph_breaks", []))
-    eager = sum(b.get("count", 1) for b in stats.get("skipped_frames", []))
-    recompiles = sum(b.get("count", 1) for b in stats.get("recompiles", []))
+    breaks, eager, recompiles = counts(stats)
     text = (f"rank {rank}: {stats.get('graphs', 0)} graphs ({stats.get('ops', 0)} ops), {breaks} breaks, "
             f"{eager} frames run eagerly, {recompiles} recompiles")
     versus = stats.get("vs_eager")
@@ -99,14 +111,9 @@ def columns(record: Record) -> dict:
                                 "compile_details")}
     ranks = _ranks(record)
     stats = ranks.get("0") or next(iter(ranks.values()), {})
-    versus = stats.get("vs_eager")
-    return {"compile": options(record), "graphs": stats.get("graphs", 0),
-            "breaks": sum(b.get("count", 1) for b in stats.get("graph_breaks", [])),
-            "eager_frames": sum(b.get("count", 1) for b in stats.get("skipped_frames", [])),
-            "recompiles": sum(b.get("count", 1) for b in stats.get("recompiles", [])),
-            "vs_eager": "-" if not versus else "bitwise" if versus.get("bitwise")
-            else f"max {versus.get('max_abs_diff', 0):.3g}",
-            "compile_details": "\n".join(summary(record))}
+    breaks, eager, recompiles = counts(stats)
+    return {"compile": options(record), "graphs": stats.get("graphs", 0), "breaks": breaks, "eager_frames": eager,
+            "recompiles": recompiles, "vs_eager": versus_eager(stats), "compile_details": "\n".join(summary(record))}
 
 
 HEAD = ("impl", "build", "case", "compile", "status", "graphs", "breaks", "eager_frames", "recompiles", "vs_eager")

@@ -9,7 +9,6 @@ of :mod:`harness.judge.desync` are also checked on plain data.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -21,11 +20,8 @@ from harness.judge.desync import first_divergence
 from harness.results.records import Status
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
+pytestmark = pytest.mark.usefixtures("support_on_path")
 
-
-@pytest.fixture(autouse=True)
-def _support_on_path(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
 def _collective_defects():

@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import fnmatch
-import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -27,13 +26,10 @@ from harness.engine.session import RunOptions, resolve_impls, run_selection
 from harness.results.records import Status
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
+pytestmark = pytest.mark.usefixtures("support_on_path")
 # The most of its budget (err/tol) any correct implementation uses anywhere; the README states the same bound.
 CORRECT_USE_AT_MOST = 0.5
 
-
-@pytest.fixture(autouse=True)
-def _support_on_path(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
 def run(impl_names, cases, timeout=60):

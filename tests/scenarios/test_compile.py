@@ -11,7 +11,6 @@ torch case may come from the harness's own code.
 from __future__ import annotations
 
 import dataclasses
-import os
 import subprocess
 import sys
 import textwrap
@@ -30,12 +29,9 @@ SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 LAYER_EAGER = "compile/layer/eager/breaks-allowed/auto-dynamic/ws2"
 DDP_EAGER = "compile/ddp-cnn/eager/breaks-allowed/auto-dynamic/ws2"
 
-pytestmark = pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2.0")
+pytestmark = [pytest.mark.usefixtures("support_on_path"),
+              pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2.0")]
 
-
-@pytest.fixture(autouse=True)
-def _support_on_path(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
 def _run(case_ids, impl):

@@ -13,7 +13,6 @@ ranks they are the whole loss's gradient.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -27,11 +26,8 @@ from harness.scenarios import user_models
 from harness.scenarios.conversion import _global_truth, _snapshot, conversion_problems
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
+pytestmark = pytest.mark.usefixtures("support_on_path")
 
-
-@pytest.fixture(autouse=True)
-def _support_on_path(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
 def _catchers():
