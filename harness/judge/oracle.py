@@ -18,6 +18,16 @@ Per step of a case (``fwd`` and ``nograd`` steps normalize as ``train`` does,
 Buffers and parameters live in the parameter dtype: after every update the
 running statistics are rounded to it, because every implementation has to
 store them there. Nothing else is rounded.
+
+Memory stays bounded at real network sizes (hundreds of thousands of values
+per channel per rank): per-channel reductions (count, mean, the sum of
+squared deviations from the group's mean, sum(dy), sum(dy * (x - mean)), the
+affine gradients) run over each rank's tensor in slices of at most
+:data:`CHUNK` elements converted to float64 one at a time, in two passes (the
+mean first, then deviations from it), so no rank's data is ever concatenated
+with another's or widened whole. The per-element results (output and
+grad_input) are produced only for the ranks asked for (``ranks``): a rank
+process asks for its own.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ import torch
 from harness.catalog.case import STEP_KINDS
 
 Tensor = torch.Tensor
+CHUNK = 1 << 22  # elements widened to float64 at a time by the per-channel reductions
 
 
 @dataclass
@@ -52,14 +63,30 @@ class StepTruth:
     count: list[int] = field(default_factory=list)
 
 
-def _flat(x: Tensor) -> Tensor:
-    """(N, C, *S) -> (C, N*prod(S)) in float64."""
-    c = x.shape[1]
-    return x.detach().to(torch.float64).transpose(0, 1).reshape(c, -1)
-
-
 def _bcast(v: Tensor, like: Tensor) -> Tensor:
     return v.view(1, -1, *([1] * (like.dim() - 2)))
+
+
+def _slices(x: Tensor):
+    """``x`` cut along the batch into slices of at most :data:`CHUNK` elements (one sample at least)."""
+    per_sample = max(x[0].numel(), 1) if x.shape[0] else 1
+    step = max(1, CHUNK // per_sample)
+    for i in range(0, x.shape[0], step):
+        yield i, min(i + step, x.shape[0])
+
+
+def channel_sum(x: Tensor, fn=None, y: Optional[Tensor] = None) -> Tensor:
+    """Per-channel float64 sum over (N, *spatial) of ``fn(x)`` (or ``fn(x, y)``), a slice at a time."""
+    dims = [0] + list(range(2, x.dim()))
+    total = torch.zeros(x.shape[1], dtype=torch.float64)
+    for a, b in _slices(x):
+        xs = x[a:b].detach().to(torch.float64)
+        if y is not None:
+            v = fn(xs, y[a:b].detach().to(torch.float64))
+        else:
+            v = fn(xs) if fn is not None else xs
+        total += v.sum(dim=dims)
+    return total
 
 
 def _normalize(x: Tensor, dy: Tensor, mean: Tensor, invstd: Tensor, w: Tensor, b: Tensor,
@@ -94,6 +121,7 @@ def run_oracle(
     running_mean: Optional[Tensor] = None,
     running_var: Optional[Tensor] = None,
     groups: Optional[Sequence[Sequence[int]]] = None,
+    ranks: Optional[Sequence[int]] = None,
 ) -> list[StepTruth]:
     """Exact results of every step of a case.
 
@@ -101,7 +129,8 @@ def run_oracle(
     ``s``; ``groups`` partitions the ranks into process groups (default: one
     group of all ranks). ``weight``/``bias`` are the initial affine parameters
     (default ones/zeros), ``running_mean``/``running_var`` the initial buffers
-    (default zeros/ones).
+    (default zeros/ones). ``ranks``: the ranks whose output and grad_input are
+    wanted (default: every rank); the others' are None.
     """
     if len(inputs) != len(steps) or len(grad_outputs) != len(steps):
         raise ValueError(f"need one input list and one grad list per step: {len(steps)} steps, "
@@ -143,28 +172,27 @@ def run_oracle(
             # Statistics: over the whole group in training, per rank when eval lacks buffers.
             units = [group] if sync else [[r] for r in group]
             for unit in units:
-                flat = torch.cat([_flat(xs[r]) for r in unit], dim=1)
-                n = flat.shape[1]
+                n = sum(xs[r].numel() // C for r in unit)
                 if use_batch:
-                    mean = flat.mean(dim=1) if n else torch.zeros(C, dtype=f64)
+                    mean = sum(channel_sum(xs[r]) for r in unit) / n if n else torch.zeros(C, dtype=f64)
                     nan = torch.full((C,), float("nan"), dtype=f64)
-                    var = ((flat - mean[:, None]) ** 2).sum(dim=1) / n if n else nan
+                    var = sum(channel_sum(xs[r], lambda v, m=mean: (v - _bcast(m, v)) ** 2) for r in unit) / n \
+                        if n else nan
                 else:
                     mean, var = rm[unit[0]], rv[unit[0]]
                 invstd = 1.0 / torch.sqrt(var + eps)
-                dflat = torch.cat([_flat(dys[r]) for r in unit], dim=1)
-                xmu = flat - mean[:, None]
-                sum_dy = dflat.sum(dim=1)
-                sum_dy_xmu = (dflat * xmu).sum(dim=1)
+                dy_sums = {r: channel_sum(dys[r]) for r in unit}
+                dyx_sums = {r: channel_sum(xs[r], lambda v, d, m=mean: d * (v - _bcast(m, v)), dys[r]) for r in unit}
+                sum_dy = sum(dy_sums.values())
+                sum_dy_xmu = sum(dyx_sums.values())
                 for r in unit:
-                    out[r], gin[r] = _normalize(xs[r], dys[r], mean, invstd, w, b, n, sum_dy, sum_dy_xmu,
-                                                training=use_batch)
+                    if ranks is None or r in ranks:
+                        out[r], gin[r] = _normalize(xs[r], dys[r], mean, invstd, w, b, n, sum_dy, sum_dy_xmu,
+                                                    training=use_batch)
                     means[r], invstds[r], counts[r] = mean, invstd, n
                     if affine:
-                        xr = _flat(xs[r])
-                        dr = _flat(dys[r])
-                        gw[r] = (dr * (xr - mean[:, None])).sum(dim=1) * invstd
-                        gb[r] = dr.sum(dim=1)
+                        gw[r] = dyx_sums[r] * invstd
+                        gb[r] = dy_sums[r]
                 if kind == "train" and track_running_stats:
                     for r in unit:
                         nbt[r] += 1

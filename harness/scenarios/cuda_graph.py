@@ -76,7 +76,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         data.inputs, data.grad_outputs, case.steps, num_features=case.channels, eps=case.eps,
         momentum=case.momentum, affine=case.affine, track_running_stats=case.track_running_stats,
         weight=data.weight, bias=data.bias, param_dtype=DTYPES[case.param_dtype],
-        running_mean=data.running_mean, running_var=data.running_var, groups=case.groups)
+        running_mean=data.running_mean, running_var=data.running_var, groups=case.groups, ranks=[rank])
     observed = replay_steps(case, impl, rank, data, ctx.process_group(case))
     if case.affine:
         result.across["shares"] = {str(s): {which: _floats(obs[which], case.channels)

@@ -51,7 +51,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         data.inputs, data.grad_outputs, case.steps, num_features=case.channels, eps=case.eps,
         momentum=case.momentum, affine=case.affine, track_running_stats=case.track_running_stats,
         weight=data.weight, bias=data.bias, param_dtype=DTYPES[case.param_dtype],
-        running_mean=data.running_mean, running_var=data.running_var, groups=case.groups)
+        running_mean=data.running_mean, running_var=data.running_var, groups=case.groups, ranks=[rank])
     group = ctx.process_group(case)
     observed, convert_problems = run_steps(case, impl, device, rank, data, group)
     result.across["buffers"] = {str(s): {name: obs[f"{name}_bits"] for name in BUFFERS}
