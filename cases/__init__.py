@@ -17,4 +17,6 @@ FAMILY_MODULES = (
     "conversion",
     "compile",
     "cuda_graph",
+    "scale",
+    "search_found",
 )

@@ -1,0 +1,9 @@
+"""``search``: find what nobody listed, at the sizes users train at.
+
+- :mod:`~harness.search.space`: the hypothesis strategy of generated layer cases and their IDs;
+- :mod:`~harness.search.signature`: how a record fails, in a few words (what shrinking keeps, what findings
+  are grouped by);
+- :mod:`~harness.search.explore`: rounds of exploration and shrinking on warm pools, memoized and budgeted;
+- :mod:`~harness.search.findings`: the summary (Markdown, JSON) and a repro file per finding;
+- :mod:`~harness.search.promote`: a finding's minimal case into the catalog (the ``search`` family).
+"""

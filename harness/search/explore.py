@@ -1,0 +1,282 @@
+"""Explore the case space, shrink each new failure, group findings by signature.
+
+Protocol. The search runs in rounds, each one hypothesis run (generation
+and shrinking are hypothesis's; the strategy is :mod:`harness.search.space`)
+over a property that runs a drawn case on the warm pools of one
+:class:`~harness.engine.session.Session`:
+
+1. *Exploring*: each drawn case runs with every implementation. A failure
+   whose signature (:mod:`harness.search.signature`) is new and not a known
+   issue becomes the round's *target*, and the property fails.
+2. *Shrinking*: from then on the property runs only the target's
+   implementation and fails exactly when the signature is the target's, so
+   hypothesis shrinks the case to the smallest and plainest one that fails
+   *the same way*. Its last call replays that minimal case.
+3. The next round starts from a seed derived from ``--seed`` and the round
+   number, with the signatures found so far no longer counted as new.
+
+Results are memoized per (case ID, implementation): hypothesis replays
+examples, and a replay must not run (or flake). Known issues (the
+known-issues file matched on the generated case's ID, which names its dtypes,
+split and settings) are tallied and kept as known findings, not shrunk.
+
+Budget: exploration stops when the time budget or the case count is spent
+(a round draws at most :data:`ROUND` cases); the shrink of a finding may
+continue past it for at most ``shrink_limit`` seconds, after which no new
+case runs and hypothesis settles on the smallest failure seen. The same seed,
+build and implementations draw the same cases.
+"""
+
+from __future__ import annotations
+
+import collections
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from harness.catalog.case import Case
+from harness.results.records import Record, Status
+from harness.search.signature import signature
+from harness.errors import UsageError
+from harness.search.space import WORLD_SIZES, size_of, strategy
+
+ROUND = 25  # cases drawn per hypothesis run before the budget is looked at again
+
+
+@dataclass
+class Finding:
+    """One distinct failure of one implementation: where it was first seen and its minimal case."""
+
+    signature: str
+    impl: str
+    known: bool
+    original: Case
+    original_record: Record
+    minimal: Case
+    record: Record  # of the minimal case
+    found_after: int  # cases explored up to and including the one that showed it
+    found_at_s: float  # seconds into the search
+    shrink_runs: int = 0  # runs of the implementation while shrinking
+    occurrences: int = 1  # explored cases that failed this way
+    link: Optional[str] = None
+    repro_file: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        return {"signature": self.signature, "impl": self.impl, "known": self.known, "link": self.link,
+                "status": self.record.status.value, "message": self.record.message,
+                "minimal_case": self.minimal.id, "minimal_params": self.minimal.params(),
+                "minimal_size": size_of(self.minimal), "original_case": self.original.id,
+                "original_size": size_of(self.original), "found_after_cases": self.found_after,
+                "found_at_s": round(self.found_at_s, 2), "shrink_runs": self.shrink_runs,
+                "occurrences": self.occurrences, "repro_file": self.repro_file}
+
+
+@dataclass
+class SearchResult:
+    """What a search did: counts, the rate, and its findings (new first)."""
+
+    seed: int
+    impls: list[str]
+    cases_explored: int = 0
+    runs: int = 0  # (case, impl) runs, shrinking included
+    elapsed_s: float = 0.0
+    explore_s: float = 0.0
+    statuses: collections.Counter = field(default_factory=collections.Counter)
+    findings: list[Finding] = field(default_factory=list)
+    stopped_by: str = ""
+
+    @property
+    def new(self) -> list[Finding]:
+        return [f for f in self.findings if not f.known]
+
+    @property
+    def rate(self) -> float:
+        """Cases explored per second of exploration (shrinking not counted)."""
+        return self.cases_explored / self.explore_s if self.explore_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {"seed": self.seed, "impls": self.impls, "cases_explored": self.cases_explored, "runs": self.runs,
+                "elapsed_s": round(self.elapsed_s, 2), "explore_s": round(self.explore_s, 2),
+                "cases_per_s": round(self.rate, 2), "statuses": dict(self.statuses), "stopped_by": self.stopped_by,
+                "findings": [f.to_dict() for f in self.findings]}
+
+
+class _Found(Exception):
+    """The property's failure: the drawn case failed with the round's target signature."""
+
+    def __init__(self, case: Case, record: Record):
+        super().__init__(signature(record))
+        self.case = case
+        self.record = record
+
+
+def _found_in(exc: BaseException) -> _Found:
+    """The property's failure in what hypothesis raised (itself, or within a group; anything else re-raised)."""
+    if isinstance(exc, _Found):
+        return exc
+    found = [e for e in exc.exceptions if isinstance(e, _Found)] if isinstance(exc, BaseExceptionGroup) else []
+    if not found:
+        raise exc
+    return found[-1]
+
+
+def _fail(case: Case, record: Record) -> None:
+    # One raise site: hypothesis tells failures apart by where they are raised, and exploring and shrinking
+    # must be one failure to it.
+    raise _Found(case, record)
+
+
+class Explorer:
+    """One search over ``session``'s implementations (see the module docstring)."""
+
+    def __init__(self, session, *, seed: int = 0, budget_s: Optional[float] = None, max_cases: Optional[int] = None,
+                 shrink_limit_s: Optional[float] = None, backends: tuple = (None, "nccl-contract"),
+                 world_sizes: Optional[tuple] = None, allow_large: bool = True,
+                 on_case: Optional[Callable[["Explorer"], None]] = None,
+                 on_finding: Optional[Callable[[Finding], None]] = None):
+        if budget_s is None and max_cases is None:
+            raise ValueError("a search needs a time budget or a number of cases")
+        self.session = session
+        self.impls = [i for i in session.impls if i.name not in session.unavailable]
+        self.seed = seed
+        self.budget_s = budget_s
+        self.max_cases = max_cases
+        self.shrink_limit_s = shrink_limit_s if shrink_limit_s is not None else max(60.0, (budget_s or 240.0) / 4)
+        self.backends = backends
+        self.world_sizes = tuple(world_sizes or WORLD_SIZES)
+        self.allow_large = allow_large
+        wrong = [w for w in self.world_sizes if w not in WORLD_SIZES]
+        if wrong:
+            raise UsageError(f"--world-size {wrong[0]}: search draws world sizes among "
+                             f"{', '.join(map(str, WORLD_SIZES))}")
+        self.on_case = on_case
+        self.on_finding = on_finding
+        self.result = SearchResult(seed=seed, impls=[i.name for i in session.impls])
+        self._memo: dict[tuple[str, str], Record] = {}
+        self._by_signature: dict[str, Finding] = {}
+        self._target: Optional[tuple] = None  # (impl, signature) being shrunk
+        self._shrink_runs = 0
+        self._shrink_until = 0.0
+        self._shrink_started: Optional[float] = None
+        self._shrink_s = 0.0  # time spent shrinking (not exploration: the rate leaves it out)
+        self._t0 = 0.0
+
+    # -- running ----------------------------------------------------------------------------------------------
+    def _run(self, case: Case, impl) -> Record:
+        key = (case.id, impl.name)
+        if key not in self._memo:
+            self._memo[key] = self.session.run_one(case, impl)
+            self.result.runs += 1
+            if len(self._memo) > 4096:  # bounded: drop the oldest (hypothesis replays recent examples)
+                self._memo.pop(next(iter(self._memo)))
+        return self._memo[key]
+
+    def elapsed(self) -> float:
+        """Seconds since the search started."""
+        return time.monotonic() - self._t0
+
+    def _spent(self) -> bool:
+        if self.max_cases is not None and self.result.cases_explored >= self.max_cases:
+            return True
+        return self.budget_s is not None and time.monotonic() - self._t0 >= self.budget_s
+
+    def _property(self, case: Case) -> None:
+        if self._target is not None:
+            return self._shrink_step(case)
+        if self._spent():
+            return None  # the round ends without running what is left of it
+        self.result.cases_explored += 1
+        failing = None
+        for impl in self.impls:
+            rec = self._run(case, impl)
+            self.result.statuses[rec.status.value] += 1
+            sig = signature(rec)
+            if sig is None:
+                continue
+            if sig in self._by_signature:
+                self._by_signature[sig].occurrences += 1
+                continue
+            if rec.known:
+                self._add(Finding(sig, impl.name, True, case, rec, case, rec, self.result.cases_explored,
+                                  time.monotonic() - self._t0, link=rec.known_issue.link))
+                continue
+            if failing is None:
+                failing = (impl, sig, rec)
+        if self.on_case:
+            self.on_case(self)
+        if failing is not None:
+            impl, sig, rec = failing
+            self._target = (impl, sig, case, rec, self.result.cases_explored, time.monotonic() - self._t0)
+            self._shrink_runs = 0
+            self._shrink_started = time.monotonic()
+            self._shrink_until = self._shrink_started + self.shrink_limit_s
+            _fail(case, rec)
+        return None
+
+    def _shrink_step(self, case: Case) -> None:
+        impl, sig = self._target[0], self._target[1]
+        key = (case.id, impl.name)
+        if key not in self._memo:
+            if time.monotonic() > self._shrink_until:
+                return None  # out of shrinking time: only cases already run can still fail
+            self._shrink_runs += 1
+        rec = self._run(case, impl)
+        if signature(rec) == sig:
+            _fail(case, rec)
+        return None
+
+    def _add(self, finding: Finding) -> None:
+        self._by_signature[finding.signature] = finding
+        self.result.findings.append(finding)
+        if self.on_finding:
+            self.on_finding(finding)
+
+    # -- rounds -----------------------------------------------------------------------------------------------
+    def _round(self, number: int, examples: int) -> None:
+        from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+        from hypothesis import seed as fixed_seed
+
+        round_seed = random.Random(f"{self.seed}:{number}").getrandbits(64)
+
+        @fixed_seed(round_seed)
+        @settings(max_examples=examples, database=None, deadline=None, derandomize=False,
+                  suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink),
+                  report_multiple_bugs=False, verbosity=Verbosity.quiet, print_blob=False)
+        @given(strategy(self.backends, self.world_sizes, self.allow_large))
+        def prop(case):
+            self._property(case)
+
+        self._target = None
+        try:
+            prop()
+        except (_Found, BaseExceptionGroup) as exc:
+            found = _found_in(exc)
+            impl, sig, original, original_rec, after, at = self._target
+            self._add(Finding(sig, impl.name, False, original, original_rec, found.case, found.record, after, at,
+                              shrink_runs=self._shrink_runs))
+        finally:
+            self._target = None
+            if self._shrink_started is not None:
+                self._shrink_s += time.monotonic() - self._shrink_started
+                self._shrink_started = None
+
+    def run(self) -> SearchResult:
+        """Explore until the budget is spent; return what was found."""
+        self._t0 = time.monotonic()
+        number = 0
+        while not self._spent():
+            before, found_before = self.result.cases_explored, len(self.result.findings)
+            left = ROUND if self.max_cases is None else min(ROUND, self.max_cases - self.result.cases_explored)
+            self._round(number, left)
+            number += 1
+            if self.result.cases_explored == before and len(self.result.findings) == found_before:
+                self.result.stopped_by = "no case left to draw"
+                break
+        if not self.result.stopped_by:
+            self.result.stopped_by = ("max-cases" if self.max_cases is not None
+                                      and self.result.cases_explored >= self.max_cases else "budget")
+        self.result.elapsed_s = time.monotonic() - self._t0
+        self.result.explore_s = max(self.result.elapsed_s - self._shrink_s, 1e-9)
+        self.result.findings.sort(key=lambda f: (f.known, f.found_after))
+        return self.result

@@ -1,0 +1,84 @@
+"""A search's findings as files: a Markdown and a JSON summary, and one repro file per finding.
+
+Layout of the output folder (``--out``, default ``reports/search``), rewritten
+by each search::
+
+    findings.md     what was searched, the rate, and per finding: signature, minimal and original case,
+                    cases to first failure, runs to shrink, the repro command and file
+    findings.json   the same as data (SearchResult.to_dict)
+    repro-<n>.py    the standalone reproduction of finding n's minimal case (new findings only)
+
+The repro files are written from the minimal case's parameters (it need not
+be in the catalog); ``syncbn-harness repro <ID>`` writes the same file once
+the case is promoted (``search --save``).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+from harness.search.explore import SearchResult
+from harness.search.space import size_of
+
+
+def repro_device(impl: str, device: str) -> str:
+    """torch's repro targets CUDA (its CPU mode is the harness's emulation); others keep the search's device."""
+    return "cuda" if impl == "torch" else device
+
+
+def write_repros(result: SearchResult, out: Path, device: str, command: str) -> None:
+    """One standalone file per new finding, named in the finding (``repro_file``)."""
+    from harness.repro import repro_source
+
+    out.mkdir(parents=True, exist_ok=True)
+    for n, f in enumerate(result.findings, 1):
+        if f.known:
+            continue
+        path = out / f"repro-{n}.py"
+        path.write_text(repro_source(f.minimal, f.impl, device=repro_device(f.impl, device), record=f.record,
+                                     command=command, filename=path.name))
+        path.chmod(0o755)
+        f.repro_file = str(path)
+
+
+def _size(d: dict) -> str:
+    return (f"{d['world_size']} ranks, {d['steps']} steps, {d['channels']} channels, {d['ndim']}-D, "
+            f"{d['max_count_per_rank']:,} values per channel on a rank")
+
+
+def markdown(result: SearchResult, build: str) -> str:
+    """The findings summary as Markdown."""
+    lines = [f"# Search findings ({build})", "",
+             f"Seed {result.seed}; implementations {', '.join(result.impls)}; {result.cases_explored} cases explored "
+             f"in {result.explore_s:.0f} s ({result.rate:.2f} cases/s), {result.runs} runs in all with shrinking, "
+             f"{result.elapsed_s:.0f} s; stopped by {result.stopped_by}.", "",
+             "Statuses of explored runs: " + ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items())), ""]
+    new, known = result.new, [f for f in result.findings if f.known]
+    lines.append(f"{len(new)} new finding(s), {len(known)} known issue(s).")
+    for n, f in enumerate(result.findings, 1):
+        lines += ["", f"## {n}. {f.signature}" + (" (known)" if f.known else ""), ""]
+        if f.link:
+            lines.append(f"- upstream: {f.link}")
+        lines += [f"- minimal case: `{f.minimal.id}` ({_size(size_of(f.minimal))})",
+                  f"- message: {f.record.message.splitlines()[0][:300] if f.record.message else ''}",
+                  f"- first seen after {f.found_after} cases ({f.found_at_s:.1f} s), in `{f.original.id}` "
+                  f"({_size(size_of(f.original))}); failed this way in {f.occurrences} explored case(s)"]
+        if not f.known:
+            lines.append(f"- shrunk in {f.shrink_runs} runs")
+            if f.repro_file:
+                lines.append(f"- repro file: `{f.repro_file}`")
+            lines.append(f"- after `search --save`: `syncbn-harness repro {shlex.quote(f.minimal.id)} --impl "
+                         f"{shlex.quote(f.impl)}`")
+        lines.append(f"- parameters: `{json.dumps(f.minimal.params())}`")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(result: SearchResult, out: Path, build: str) -> tuple[Path, Path]:
+    """``findings.md`` and ``findings.json`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    md, js = out / "findings.md", out / "findings.json"
+    md.write_text(markdown(result, build))
+    js.write_text(json.dumps({"build": build, **result.to_dict()}, indent=2) + "\n")
+    return md, js

@@ -1,0 +1,95 @@
+"""Promotion: a finding's minimal case becomes a catalog case that ``run``, ``gate`` and ``check`` select.
+
+The catalog file is ``search_found.json`` beside the case catalog, or the
+file ``$SYNCBN_HARNESS_FOUND`` names (the
+``search`` family of :mod:`harness.cases.search_found` reads it): a JSON list
+of ``{"case": <Case.to_dict()>, "finding": {signature, impl, torch_version,
+torch_git_version, promoted_at, message}}``, one entry per case ID, in the
+order they were promoted. Promoted cases are in the default selection. The
+file is rewritten whole under a lock (written beside it, then renamed), so a
+reader never sees half a file and two searches saving at once lose nothing.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable, Optional
+
+from harness.catalog.case import Case
+from harness.errors import UsageError
+
+FILENAME = "search_found.json"
+
+
+def default_path() -> Path:
+    """``$SYNCBN_HARNESS_FOUND``, or ``search_found.json`` beside the case catalog."""
+    if os.environ.get("SYNCBN_HARNESS_FOUND"):
+        return Path(os.environ["SYNCBN_HARNESS_FOUND"])
+    from harness import cases
+
+    return Path(cases.__file__).with_name(FILENAME)
+
+
+def load(path: Optional[Path] = None) -> list[dict]:
+    """The promoted entries (an absent file: none); a file that is not such a list is a usage error naming it."""
+    p = Path(path) if path else default_path()
+    if not p.exists():
+        return []
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+        if not isinstance(data, list):
+            raise ValueError("not a JSON list")
+        for i, entry in enumerate(data):
+            Case.from_dict(entry["case"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"promoted-cases file {p} cannot be read ({exc}): fix or remove the entry, or restore the "
+                         "file from version control") from None
+    return data
+
+
+def promoted_cases(path: Optional[Path] = None) -> list[Case]:
+    """The promoted cases, in the default selection."""
+    out = []
+    for entry in load(path):
+        d = dict(entry["case"])
+        d["default"] = True
+        out.append(Case.from_dict(d))
+    return out
+
+
+def promote(findings: Iterable, *, build, path: Optional[Path] = None) -> tuple[Path, list[str]]:
+    """Add each finding's minimal case (new ones only) to the catalog file; returns it and the IDs added."""
+    from filelock import FileLock
+
+    p = Path(path) if path else default_path()
+    added: list[str] = []
+    with FileLock(str(p) + ".lock", timeout=60):
+        entries = load(p)
+        have = {e["case"]["id"] for e in entries}
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        for f in findings:
+            if f.minimal.id in have:
+                continue
+            entries.append({"case": {**f.minimal.to_dict(), "default": True},
+                            "finding": {"signature": f.signature, "impl": f.impl,
+                                        "torch_version": build.torch_version,
+                                        "torch_git_version": build.torch_git_version, "promoted_at": now,
+                                        "message": (f.record.message or "")[:500]}})
+            have.add(f.minimal.id)
+            added.append(f.minimal.id)
+        fd, tmp = tempfile.mkstemp(prefix=".search_found-", suffix=".json", dir=p.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(entries, fh, indent=1)
+                fh.write("\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return p, added

@@ -1,0 +1,73 @@
+"""How a record fails, in a few words: the key that shrinking keeps and findings are grouped by.
+
+Two failures are the same finding when their signatures are equal. A
+signature is the implementation, the status and the evidence:
+- ``mismatch``: the first failing tensor, named without its step and rank
+  (``train.output``, ``eval.running_var``, ``train.running_mean.across_ranks``,
+  ``collectives.eval``), so that a shrunk case with fewer steps or ranks can
+  still fail the same way;
+- ``error``: the exception type of the first rank that raised;
+- ``crash``: the signal (or exit code) of the first rank that died;
+- ``hang``: ``timeout``;
+and, when the ranks issued different collectives, the first divergence's
+operation (``desync all_gather``), which names the cause ahead of its
+consequences.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from harness.results.records import RankStatus, Record, Status
+
+_STEP = re.compile(r"^(rank\d+\.)?step\d+\.")
+_RANK = re.compile(r"^rank\d+\.")
+
+
+def tensor_kind(metric_name: str) -> str:
+    """``rank1.step2.train.running_var`` -> ``train.running_var``; ``convert.3`` -> ``convert``."""
+    name = _STEP.sub("", metric_name)
+    name = _RANK.sub("", name)
+    if name.startswith("convert."):
+        return "convert"
+    return name
+
+
+def evidence(record: Record) -> str:
+    """What failed (see the module docstring)."""
+    parts = []
+    if record.desync:
+        calls = [c for c in (record.desync.get("calls") or {}).values() if c]
+        op = calls[0].get("op") if calls else None
+        parts.append(f"desync {op or 'missing collective'}")
+    if record.status == Status.MISMATCH:
+        failing = [name for name, m in record.metrics.items() if not m.ok]
+        if failing:
+            parts.append(tensor_kind(_first(failing)))
+    elif record.status == Status.ERROR:
+        rank = next((r for r in record.ranks if r.status == RankStatus.ERROR), None)
+        parts.append(rank.exception_type or "error" if rank else "error")
+    elif record.status == Status.CRASH:
+        rank = next((r for r in record.ranks if r.status == RankStatus.CRASH), None)
+        parts.append((rank.signal or f"exit {rank.exit_code}") if rank else "crash")
+    elif record.status == Status.HANG:
+        parts.append("timeout")
+    return ", ".join(parts) or record.status.value
+
+
+def _first(names: list[str]) -> str:
+    """The earliest failing metric: by step, then as the scenario listed them (rank-level before across-rank)."""
+
+    def step_of(name: str) -> int:
+        m = re.search(r"step(\d+)\.", name)
+        return int(m.group(1)) if m else 10**6
+
+    return min(names, key=lambda n: (step_of(n), names.index(n)))
+
+
+def signature(record: Record) -> Optional[str]:
+    """``impl: status (evidence)`` for a failure (known or not), None for anything else."""
+    if record.status not in (Status.MISMATCH, Status.ERROR, Status.CRASH, Status.HANG):
+        return None
+    return f"{record.impl}: {record.status.value} ({evidence(record)})"
