@@ -24,7 +24,7 @@ results accumulated in float64 and in float32 pass, planted defects fail).
 
 Per tensor (elementwise absolute tolerance):
 - output:      u_in (|y| + |w| |xhat| + |b|) + u_a gamma(N) |w| (1 + |xhat|) (1 + invstd |mu|)
-- grad_input:  with D = |dy| + mean|dy| + |xhat| mean|dy xhat|,
+- grad_input:  with D = |dy| + mean|dy| + |xhat| mean|dy xhat| (means over the group's N values),
                (u_in + u_a gamma(N) (1 + invstd |mu|)) |w| invstd D  + u_in |dx|
 - grad_weight: (u_in + u_a (gamma(n) + gamma(N)) (1 + invstd |mu|)) sum|dy xhat|
                + u_a gamma(N) (1 + invstd |mu|) sum|dy| + u_p |gw|
@@ -38,8 +38,8 @@ Per tensor (elementwise absolute tolerance):
   gather does for float32 input with float64 buffers)
   (f is the momentum factor; variance is recovered from 1/std by subtracting
   eps in torch's algorithm, hence the eps term)
-- eval outputs add the running statistics' own budget, carried through the
-  normalization.
+- eval outputs, input gradients and grad_weight add the running statistics' own budget,
+  carried through the normalization.
 - num_batches_tracked: exact.
 Every tolerance is multiplied by K (here, once). NaN or Inf where the oracle is finite is a
 mismatch, as is a wrong dtype, shape or output memory format; where the oracle's value lies beyond
@@ -142,6 +142,51 @@ class Budget:
         return ((self.u_in + self.u_a * (gamma(n) + g_N) * sf) * (dy * xhat).abs().sum(dim=_dims(x))
                 + self.u_a * g_N * sf * dy.abs().sum(dim=_dims(x)))
 
+    def running(self, truths, rank: int) -> list[tuple]:
+        """Per step, the unscaled running-statistics budgets ``(rm_tol, rv_tol)`` before and after it.
+
+        Each update adds the rounding of the update (in the accumulation type when it is wider than the
+        buffers': torch's CUDA gather updates float64 buffers of float32 input in float32) and the batch
+        statistics' error times the momentum factor; budgets of earlier steps decay by (1 - f) but never
+        vanish, so they are kept. ``(None, None)`` before the first update or without running statistics.
+        """
+        case = self.case
+        out = []
+        train_steps = 0
+        rm_tol = rv_tol = None
+        u_upd = max(self.u_p, self.u_a)
+        for truth in truths:
+            before = (rm_tol, rv_tol)
+            if case.track_running_stats:
+                train = truth.kind == "train"
+                train_steps += train
+                mu, invstd, N = truth.mean[rank], truth.invstd[rank], truth.count[rank]
+                f = (1.0 / train_steps if case.momentum is None else case.momentum) if train_steps else 0.0
+                rm_true, rv_true = truth.running_mean[rank], truth.running_var[rank]
+                var = 1.0 / (invstd * invstd) - case.eps if train else rv_true
+                step_rm = u_upd * max(train_steps, 1) * (rm_true.abs() + (mu.abs() if train else 0))
+                step_rv = u_upd * max(train_steps, 1) * (rv_true.abs() + (var.abs() if train else 0))
+                if train:
+                    g_N = gamma(N)
+                    step_rm = step_rm + self.u_a * g_N * f * (mu.abs() + var.clamp_min(0).sqrt())
+                    step_rv = step_rv + 2 * self.u_a * g_N * f * (var.abs() + case.eps) * self.stats_factor(mu,
+                                                                                                            invstd)
+                rm_tol = step_rm if rm_tol is None else torch.maximum(rm_tol, step_rm)
+                rv_tol = step_rv if rv_tol is None else torch.maximum(rv_tol, step_rv)
+            out.append((before, (rm_tol, rv_tol)))
+        return out
+
+    @staticmethod
+    def eval_grad_weight(x, dy, mu, invstd, before: tuple) -> torch.Tensor:
+        """What an eval step's grad_weight share adds for the running statistics it normalized with
+        (d gw / d rm = -invstd sum dy; d gw / d rv = -invstd^2 sum dy xhat / 2)."""
+        rm_tol, rv_tol = before
+        if rm_tol is None or not x.numel():
+            return torch.zeros_like(mu)
+        xhat = (x - _chan(mu, x)) * _chan(invstd, x)
+        return rm_tol * invstd * dy.abs().sum(dim=_dims(x)) + 0.5 * rv_tol * invstd ** 2 * (dy * xhat).abs().sum(
+            dim=_dims(x))
+
     def grad_bias_share(self, x, dy) -> torch.Tensor:
         """Unscaled budget of one rank's grad_bias share (without the parameter dtype's rounding)."""
         if not x.numel():
@@ -167,20 +212,23 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict]) -> lis
     out: list[tuple[str, Metric]] = []
     w = data.weight.double() if case.affine else torch.ones(case.channels, dtype=torch.float64)
     bias = data.bias.double() if case.affine else torch.zeros(case.channels, dtype=torch.float64)
-    train_steps = 0
-    rm_tol = rv_tol = None  # unscaled running-statistics budgets, carried across steps
+    running = b.running(truths, rank)  # unscaled running-statistics budgets before and after each step
     shares: list = []  # per step: this rank's true grad_weight/grad_bias shares and their unscaled budgets
     for s, (truth, obs) in enumerate(zip(truths, observed)):
         x = data.inputs[s][rank].double()
         dy = data.grad_outputs[s][rank].double()
         mu, invstd, N = truth.mean[rank], truth.invstd[rank], truth.count[rank]
         train = truth.kind == "train"
+        rm_tol, rv_tol = running[s][0]
         sf = b.stats_factor(mu, invstd)
         # Batch statistics (a reduction over N) normalize in training, and in eval without running statistics.
         g_N = gamma(N) if train or not case.track_running_stats else 1.0
         if case.affine:
-            shares.append((truth.grad_weight[rank], truth.grad_bias[rank],
-                           b.grad_weight_share(x, dy, mu, invstd, g_N), b.grad_bias_share(x, dy)))
+            gw_budget = b.grad_weight_share(x, dy, mu, invstd, g_N)
+            if not train and case.track_running_stats:
+                # Eval normalizes with the implementation's running statistics: carry their budget.
+                gw_budget = gw_budget + b.eval_grad_weight(x, dy, mu, invstd, running[s][0])
+            shares.append((truth.grad_weight[rank], truth.grad_bias[rank], gw_budget, b.grad_bias_share(x, dy)))
         if obs is None:
             continue  # this rank takes no part in the step (evaluation on rank 0 alone)
         xhat = (x - _chan(mu, x)) * _chan(invstd, x)
@@ -196,8 +244,11 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict]) -> lis
                                                      memory_format=expected_format)))
         grads = obs.get("grads", "own")  # own | none (no backward) | deferred (a later step's) | accumulated
         if grads != "none":
-            if x.numel():
-                # Means over the group (the normalization's N), taken from this rank's share as an estimate.
+            if truth.mean_abs_dy and truth.mean_abs_dy[rank] is not None:
+                # Means over the values normalized together (the normalization's N), from the oracle.
+                mean_abs_dy, mean_abs_dyx = truth.mean_abs_dy[rank], truth.mean_abs_dy_xhat[rank]
+            elif x.numel():
+                # No group means given: this rank's share as an estimate.
                 mean_abs_dy = dy.abs().mean(dim=_dims(x))
                 mean_abs_dyx = (dy * xhat).abs().mean(dim=_dims(x))
             else:
@@ -219,23 +270,8 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict]) -> lis
                                                               dtype=b.pdtype)))
             out.append((f"{tag}.grad_bias", compare_tensor(obs["grad_bias"], true_gb, K * tol_gb, dtype=b.pdtype)))
         if case.track_running_stats:
-            if train:
-                train_steps += 1
-            f = (1.0 / train_steps if case.momentum is None else case.momentum) if train_steps else 0.0
             rm_true, rv_true = truth.running_mean[rank], truth.running_var[rank]
-            var = 1.0 / (invstd * invstd) - case.eps if train else rv_true
-            std = var.clamp_min(0).sqrt()
-            # The update is computed in the accumulation type when it is wider than the buffers' (torch's CUDA
-            # gather updates float64 buffers of float32 input in float32), else in the buffers' own.
-            u_upd = max(b.u_p, b.u_a)
-            step_rm = u_upd * max(train_steps, 1) * (rm_true.abs() + (mu.abs() if train else 0))
-            step_rv = u_upd * max(train_steps, 1) * (rv_true.abs() + (var.abs() if train else 0))
-            if train:
-                step_rm = step_rm + b.u_a * g_N * f * (mu.abs() + std)
-                step_rv = step_rv + 2 * b.u_a * g_N * f * (var.abs() + case.eps) * sf
-            # Budgets of earlier steps decay by (1 - f) but never vanish; keep them.
-            rm_tol = step_rm if rm_tol is None else torch.maximum(rm_tol, step_rm)
-            rv_tol = step_rv if rv_tol is None else torch.maximum(rv_tol, step_rv)
+            rm_tol, rv_tol = running[s][1]
             out.append((f"{tag}.running_mean", compare_tensor(obs["running_mean"], rm_true, K * rm_tol,
                                                                dtype=b.pdtype)))
             out.append((f"{tag}.running_var", compare_tensor(obs["running_var"], rv_true, K * rv_tol,
@@ -260,6 +296,8 @@ def sum_tolerance(case: Case, data, truths, step: int, which: str) -> torch.Tens
         g_N = gamma(truth.count[r]) if truth.kind == "train" or not case.track_running_stats else 1.0
         if which == "grad_weight":
             total += b.grad_weight_share(x, dy, truth.mean[r], truth.invstd[r], g_N)
+            if truth.kind != "train" and case.track_running_stats:
+                total += b.eval_grad_weight(x, dy, truth.mean[r], truth.invstd[r], b.running(truths, r)[step][0])
         else:
             total += b.grad_bias_share(x, dy)
     true_sum = truth.grad_weight_sum if which == "grad_weight" else truth.grad_bias_sum

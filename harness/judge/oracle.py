@@ -61,6 +61,10 @@ class StepTruth:
     mean: list[Tensor] = field(default_factory=list)
     invstd: list[Tensor] = field(default_factory=list)
     count: list[int] = field(default_factory=list)
+    # Per rank: mean |dy| and mean |dy * xhat| over the values normalized together (for tolerances: the
+    # input gradient's error scales with these means over the whole group, not one rank's share).
+    mean_abs_dy: list[Tensor] = field(default_factory=list)
+    mean_abs_dy_xhat: list[Tensor] = field(default_factory=list)
 
 
 def _bcast(v: Tensor, like: Tensor) -> Tensor:
@@ -166,6 +170,8 @@ def run_oracle(
         means: list = [None] * world
         invstds: list = [None] * world
         counts: list = [0] * world
+        abs_dy: list = [None] * world
+        abs_dy_xhat: list = [None] * world
         use_batch = kind == "train" or not track_running_stats
         for group in groups:
             sync = kind == "train"
@@ -185,11 +191,16 @@ def run_oracle(
                 dyx_sums = {r: channel_sum(xs[r], lambda v, d, m=mean: d * (v - _bcast(m, v)), dys[r]) for r in unit}
                 sum_dy = sum(dy_sums.values())
                 sum_dy_xmu = sum(dyx_sums.values())
+                scale = 1.0 / max(n, 1)
+                unit_abs_dy = sum(channel_sum(dys[r], torch.abs) for r in unit) * scale
+                unit_abs_dyx = sum(channel_sum(xs[r], lambda v, d, m=mean: (d * (v - _bcast(m, v))).abs(), dys[r])
+                                   for r in unit) * invstd * scale
                 for r in unit:
                     if ranks is None or r in ranks:
                         out[r], gin[r] = _normalize(xs[r], dys[r], mean, invstd, w, b, n, sum_dy, sum_dy_xmu,
                                                     training=use_batch)
                     means[r], invstds[r], counts[r] = mean, invstd, n
+                    abs_dy[r], abs_dy_xhat[r] = unit_abs_dy, unit_abs_dyx
                     if affine:
                         gw[r] = dyx_sums[r] * invstd
                         gb[r] = dy_sums[r]
@@ -214,5 +225,7 @@ def run_oracle(
             mean=means,
             invstd=invstds,
             count=counts,
+            mean_abs_dy=abs_dy,
+            mean_abs_dy_xhat=abs_dy_xhat,
         ))
     return truths

@@ -29,6 +29,7 @@ build and implementations draw the same cases.
 
 from __future__ import annotations
 
+import builtins
 import collections
 import random
 import time
@@ -36,12 +37,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from harness.catalog.case import Case
-from harness.results.records import Record, Status
-from harness.search.signature import signature
 from harness.errors import UsageError
+from harness.results.records import Record
+from harness.search.signature import signature
 from harness.search.space import WORLD_SIZES, size_of, strategy
 
 ROUND = 25  # cases drawn per hypothesis run before the budget is looked at again
+# Python 3.11's exception groups (hypothesis raises one when a run found several distinct failures).
+_GROUPS = tuple(t for t in (getattr(builtins, "BaseExceptionGroup", None),) if t is not None)
 
 
 @dataclass
@@ -115,7 +118,7 @@ def _found_in(exc: BaseException) -> _Found:
     """The property's failure in what hypothesis raised (itself, or within a group; anything else re-raised)."""
     if isinstance(exc, _Found):
         return exc
-    found = [e for e in exc.exceptions if isinstance(e, _Found)] if isinstance(exc, BaseExceptionGroup) else []
+    found = [e for e in exc.exceptions if isinstance(e, _Found)] if _GROUPS and isinstance(exc, _GROUPS) else []
     if not found:
         raise exc
     return found[-1]
@@ -250,7 +253,7 @@ class Explorer:
         self._target = None
         try:
             prop()
-        except (_Found, BaseExceptionGroup) as exc:
+        except (_Found, *_GROUPS) as exc:
             found = _found_in(exc)
             impl, sig, original, original_rec, after, at = self._target
             self._add(Finding(sig, impl.name, False, original, original_rec, found.case, found.record, after, at,

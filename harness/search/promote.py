@@ -43,8 +43,11 @@ def load(path: Optional[Path] = None) -> list[dict]:
         data = json.loads(p.read_text(encoding="utf-8"))
         if not isinstance(data, list):
             raise ValueError("not a JSON list")
-        for i, entry in enumerate(data):
-            Case.from_dict(entry["case"])
+        for n, entry in enumerate(data, 1):
+            try:
+                Case.from_dict(entry["case"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ValueError(f"entry {n}: {exc}") from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"promoted-cases file {p} cannot be read ({exc}): fix or remove the entry, or restore the "
                          "file from version control") from None
