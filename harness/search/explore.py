@@ -11,7 +11,9 @@ over a property that runs a drawn case on the warm pools of one
 2. *Shrinking*: from then on the property runs only the target's
    implementation and fails exactly when the signature is the target's, so
    hypothesis shrinks the case to the smallest and plainest one that fails
-   *the same way*. Its last call replays that minimal case.
+   *the same way*. Its last call replays that minimal case; then ranks are
+   removed one at a time while the signature holds (a rank is several draws,
+   which hypothesis rarely removes together).
 3. The next round starts from a seed derived from ``--seed`` and the round
    number, with the signatures found so far no longer counted as new.
 
@@ -40,7 +42,7 @@ from harness.catalog.case import Case
 from harness.errors import UsageError
 from harness.results.records import Record
 from harness.search.signature import signature
-from harness.search.space import WORLD_SIZES, size_of, strategy
+from harness.search.space import WORLD_SIZES, size_of, strategy, without_rank
 
 ROUND = 25  # cases drawn per hypothesis run before the budget is looked at again
 # Python 3.11's exception groups (hypothesis raises one when a run found several distinct failures).
@@ -69,6 +71,7 @@ class Finding:
         return {"signature": self.signature, "impl": self.impl, "known": self.known, "link": self.link,
                 "status": self.record.status.value, "message": self.record.message,
                 "minimal_case": self.minimal.id, "minimal_params": self.minimal.params(),
+                "minimal": self.minimal.to_dict(),
                 "minimal_size": size_of(self.minimal), "original_case": self.original.id,
                 "original_size": size_of(self.original), "found_after_cases": self.found_after,
                 "found_at_s": round(self.found_at_s, 2), "shrink_runs": self.shrink_runs,
@@ -229,6 +232,25 @@ class Explorer:
             _fail(case, rec)
         return None
 
+    def _fewer_ranks(self, case: Case, record: Record, impl, sig: str) -> tuple[Case, Record]:
+        """Hypothesis shrinks each draw; a rank is several draws (its batch, spatial size, per-step sizes) that
+        it rarely removes together. So after it, try the case without each rank in turn, keeping the first
+        that fails the same way, until none does, two ranks remain or the shrink time is out."""
+        improved = True
+        while improved and case.world_size > 2 and time.monotonic() <= self._shrink_until:
+            improved = False
+            for rank in range(case.world_size):
+                smaller = without_rank(case, rank)
+                if smaller is None:
+                    continue
+                if (smaller.id, impl.name) not in self._memo:
+                    self._shrink_runs += 1
+                rec = self._run(smaller, impl)
+                if signature(rec) == sig:
+                    case, record, improved = smaller, rec, True
+                    break
+        return case, record
+
     def _add(self, finding: Finding) -> None:
         self._by_signature[finding.signature] = finding
         self.result.findings.append(finding)
@@ -256,7 +278,8 @@ class Explorer:
         except (_Found, *_GROUPS) as exc:
             found = _found_in(exc)
             impl, sig, original, original_rec, after, at = self._target
-            self._add(Finding(sig, impl.name, False, original, original_rec, found.case, found.record, after, at,
+            minimal, record = self._fewer_ranks(found.case, found.record, impl, sig)
+            self._add(Finding(sig, impl.name, False, original, original_rec, minimal, record, after, at,
                               shrink_runs=self._shrink_runs))
         finally:
             self._target = None

@@ -21,6 +21,7 @@ from typing import Iterable, Optional
 
 from harness.catalog.case import Case
 from harness.errors import UsageError
+from harness.results.records import Status
 
 FILENAME = "search_found.json"
 
@@ -61,6 +62,34 @@ def promoted_cases(path: Optional[Path] = None) -> list[Case]:
         d = dict(entry["case"])
         d["default"] = True
         out.append(Case.from_dict(d))
+    return out
+
+
+def from_summary(summary: Path, numbers: Iterable[int] = ()) -> list:
+    """The new findings of a ``findings.json`` (``numbers``: only these, counted from 1 as the summary lists
+    them), as objects :func:`promote` takes; a bad file or number is a usage error naming it."""
+    from types import SimpleNamespace
+
+    from harness.results.records import Record
+
+    try:
+        data = json.loads(Path(summary).read_text(encoding="utf-8"))
+        listed = data["findings"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"{summary} is not a search summary (findings.json): {exc}") from None
+    wanted = list(numbers) or [n for n, f in enumerate(listed, 1) if not f.get("known")]
+    out = []
+    for n in wanted:
+        if not 1 <= n <= len(listed):
+            raise UsageError(f"--finding {n}: {summary} lists findings 1 to {len(listed)}")
+        f = listed[n - 1]
+        if "minimal" not in f:
+            raise UsageError(f"finding {n} of {summary} has no case data (written by an older search): run the "
+                             "search again")
+        record = Record(case=f["minimal_case"], family="search", params=f["minimal_params"], impl=f["impl"],
+                        status=Status(f["status"]), message=f.get("message") or "")
+        out.append(SimpleNamespace(minimal=Case.from_dict(f["minimal"]), signature=f["signature"], impl=f["impl"],
+                                   record=record))
     return out
 
 

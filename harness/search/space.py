@@ -224,6 +224,33 @@ def make_case(**fields) -> Case:
     return replace(probe, id=cid)
 
 
+def without_rank(case: Case, rank: int) -> Optional[Case]:
+    """``case`` with rank ``rank`` removed (its batch, spatial size and per-step sizes; groups renumbered), or
+    None when that leaves fewer than two ranks or a step that is not well defined."""
+    if case.world_size <= 2:
+        return None
+    keep = [r for r in range(case.world_size) if r != rank]
+    renumber = {r: i for i, r in enumerate(keep)}
+    groups = None
+    if case.groups:
+        groups = tuple(tuple(renumber[r] for r in g if r != rank) for g in case.groups)
+        groups = tuple(g for g in groups if g)
+        if len(groups) == 1:
+            groups = None
+    step_sizes = tuple(tuple(row[r] for r in keep) for row in case.step_batch_sizes) if case.step_batch_sizes \
+        else None
+    fields = {k: v for k, v in case.to_dict().items() if k not in ("id", "family", "default", "note")}
+    fields.update(batch_sizes=tuple(case.batch_sizes[r] for r in keep), spatial=tuple(case.spatial[r] for r in keep),
+                  step_batch_sizes=step_sizes, groups=groups)
+    for key in ("steps", "constant_channels", "ddp", "compile"):
+        fields[key] = tuple(fields[key])
+    counts = [[b * math.prod(sp) for b, sp in zip(step_sizes[s] if step_sizes else fields["batch_sizes"],
+                                                   fields["spatial"])] for s in range(len(case.steps))]
+    if not valid_counts(case.steps, counts, groups or (tuple(range(len(keep))),), case.track_running_stats):
+        return None
+    return make_case(**fields)
+
+
 def size_of(case: Case) -> dict:
     """What shrinking makes small, for reports: ranks, steps, channels, the largest per-rank count per channel."""
     counts = [b * math.prod(sp) for s in range(len(case.steps)) for b, sp in zip(case.sizes_at(s), case.spatial)]

@@ -69,9 +69,12 @@ def test_correct_implementations_raise_no_alarm_on_the_default_selection():
 @pytest.mark.slow
 def test_the_float32_implementation_and_the_reference_are_quiet_on_the_full_product():
     """Every family's full product but DDP's (its product varies DDP's flags, not SyncBN's arithmetic, and
-    costs a second a case: its default selection is covered above) and the cuda-graph family's (it needs a
-    GPU)."""
-    cases = judged([c for c in catalog.select(exhaustive=True) if c.family != "ddp" and c.scenario != "cuda_graph"])
+    costs a second a case: its default selection is covered above), the cuda-graph family's (it needs a
+    GPU) and the scale family's (180 cases of 3 to 25 million values per rank cost hours on two cores: its
+    default rows are covered above, and tests/judge/test_scale_tolerance.py checks the budgets at its
+    largest size)."""
+    cases = judged([c for c in catalog.select(exhaustive=True)
+                    if c.family not in ("ddp", "scale") and c.scenario != "cuda_graph"])
     assert len(cases) > len([c for c in catalog.select() if c.family != "ddp"])
     assert_quiet(run(["float32_syncbn:Float32SyncBN", "reference"], cases), 2 * len(cases))
 

@@ -118,3 +118,27 @@ def test_a_broken_catalog_file_is_a_usage_error_naming_it(tmp_path):
     path.write_text('{"not": "a list"}')
     with pytest.raises(UsageError, match="search_found.json"):
         promote.load(path)
+
+
+def test_promote_command_takes_a_summary_and_refuses_a_bad_number(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from harness.commands import cli, load_commands
+
+    load_commands()
+    case = space.make_case(batch_sizes=(3, 0), spatial=((2, 2), (2, 2)), channels=3, momentum=None)
+    summary = tmp_path / "findings.json"
+    summary.write_text(json.dumps({"findings": [
+        {"signature": "k: crash (SIGABRT)", "impl": "k", "known": True, "status": "crash", "minimal_case": "x",
+         "minimal_params": {}, "minimal": case.to_dict()},
+        {"signature": "p: mismatch (train.output)", "impl": "p", "known": False, "status": "mismatch",
+         "minimal_case": case.id, "minimal_params": case.params(), "minimal": case.to_dict(), "message": "m"}]}))
+    found = tmp_path / "found.json"
+    monkeypatch.setenv("SYNCBN_HARNESS_FOUND", str(found))
+    runner = CliRunner()
+    result = runner.invoke(cli, ["promote", str(summary)])
+    assert result.exit_code == 0, result.output
+    assert f"promoted {case.id}" in result.output
+    assert [e["case"]["id"] for e in json.loads(found.read_text())] == [case.id]  # the known one is not promoted
+    result = runner.invoke(cli, ["promote", str(summary), "--finding", "3"])
+    assert result.exit_code != 0 and "findings 1 to 2" in str(result.exception or result.output)
