@@ -5,7 +5,9 @@ signature is the implementation, the status and the evidence:
 - ``mismatch``: the first failing tensor, named without its step and rank
   (``train.output``, ``eval.running_var``, ``train.running_mean.across_ranks``,
   ``collectives.eval``), so that a shrunk case with fewer steps or ranks can
-  still fail the same way;
+  still fail the same way, and what is wrong with it when it is not a
+  number out of tolerance (``train.output: dtype``, ``: non-finite``,
+  ``: layout``, ``: shape``): a wrong dtype and a NaN are two findings;
 - ``error``: the exception type of the first rank that raised;
 - ``crash``: the signal (or exit code) of the first rank that died;
 - ``hang``: ``timeout``;
@@ -44,7 +46,9 @@ def evidence(record: Record) -> str:
     if record.status == Status.MISMATCH:
         failing = [name for name, m in record.metrics.items() if not m.ok]
         if failing:
-            parts.append(tensor_kind(_first(failing)))
+            first = _first(failing)
+            kind = problem_kind(record.metrics[first].problem)
+            parts.append(tensor_kind(first) + (f": {kind}" if kind else ""))
     elif record.status == Status.ERROR:
         rank = next((r for r in record.ranks if r.status == RankStatus.ERROR), None)
         parts.append(rank.exception_type or "error" if rank else "error")
@@ -54,6 +58,16 @@ def evidence(record: Record) -> str:
     elif record.status == Status.HANG:
         parts.append("timeout")
     return ", ".join(parts) or record.status.value
+
+
+PROBLEMS = (("dtype", "dtype"), ("non-finite", "non-finite"), ("not in torch.", "layout"), ("shape", "shape"))
+
+
+def problem_kind(problem: Optional[str]) -> Optional[str]:
+    """A structural failure's kind (``dtype``, ``non-finite``, ``layout``, ``shape``), or None."""
+    if not problem:
+        return None
+    return next((kind for needle, kind in PROBLEMS if needle in problem), None)
 
 
 def _first(names: list[str]) -> str:

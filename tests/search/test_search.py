@@ -65,7 +65,7 @@ def test_search_only_defect_passes_the_default_layer_selection(defect):
 @pytest.mark.parametrize("defect", sorted(_defects(), key=lambda c: c.__name__), ids=lambda c: c.__name__)
 def test_search_finds_and_shrinks_the_defect(defect):
     needs, corrupts = _defects()[defect]
-    result = explore([f"search_defects:{defect.__name__}"], seed=0, max_cases=FIND_WITHIN, shrink_limit_s=90)
+    result = explore([f"search_defects:{defect.__name__}"], seed=0, max_cases=FIND_WITHIN, shrink_limit_s=300)
     assert result.new, f"{defect.__name__}: nothing found in {result.cases_explored} cases"
     first = min(result.new, key=lambda f: f.found_after)
     print(f"{defect.__name__}: first found after {first.found_after} cases; shrunk in {first.shrink_runs} runs "

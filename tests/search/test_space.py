@@ -69,6 +69,13 @@ def test_signature_names_the_first_failing_tensor_without_step_or_rank():
     assert signature(rec) == "x: mismatch (eval.output)"
     assert tensor_kind("step3.train.running_mean.across_ranks") == "train.running_mean.across_ranks"
     assert tensor_kind("rank1.convert.2") == "convert"
+    wrong_dtype = _record(Status.MISMATCH, {"rank0.step0.train.output": Metric.failure("dtype torch.float32, "
+                                                                                         "expected torch.float16")})
+    nan = _record(Status.MISMATCH, {"rank0.step0.train.output": Metric(math.inf, math.inf, 0.0, math.inf,
+                                                                       "2 non-finite values where the oracle is "
+                                                                       "finite")})
+    assert signature(wrong_dtype) == "x: mismatch (train.output: dtype)"
+    assert signature(nan) == "x: mismatch (train.output: non-finite)"
     assert signature(_record(Status.PASS)) is None
     assert signature(_record(Status.UNSUPPORTED)) is None
 
