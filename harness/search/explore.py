@@ -279,8 +279,11 @@ class Explorer:
             found = _found_in(exc)
             impl, sig, original, original_rec, after, at = self._target
             minimal, record = self._fewer_ranks(found.case, found.record, impl, sig)
-            self._add(Finding(sig, impl.name, False, original, original_rec, minimal, record, after, at,
-                              shrink_runs=self._shrink_runs))
+            # A known issue's patterns may name what only the shrunk case shows plainly (an empty rank that the
+            # original had at a later step only): the minimal record decides.
+            self._add(Finding(sig, impl.name, record.known, original, original_rec, minimal, record, after, at,
+                              shrink_runs=self._shrink_runs,
+                              link=record.known_issue.link if record.known else None))
         finally:
             self._target = None
             if self._shrink_started is not None:
