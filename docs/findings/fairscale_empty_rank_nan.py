@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
-# Reproduction of SyncBatchNorm case search/float32-float32/contiguous/empty-2-0/c1x1x1/plain/train/ws2-5fa2b335 for fairscale.experimental.nn:SyncBatchNorm.
-# Written by syncbn-harness 0.1.0 on 2026-11-25T13:03:15+00:00 (syncbn-harness search --impl torch --impl fairscale.experimental.nn:SyncBatchNorm --budget 5m --seed 0 --device cpu --out /tmp/runs/torch-fairscale).
+# Reproduction of SyncBatchNorm case search/float32-float32/contiguous/empty-0-2/c1/no-affine/train/ws2-f883db3b for fairscale.experimental.nn:SyncBatchNorm.
+# Written by syncbn-harness 0.1.0 on 2026-11-25T13:31:17+00:00 (syncbn-harness search --impl torch --impl fairscale.experimental.nn:SyncBatchNorm --budget 5m --seed 0 --device cpu --out /tmp/runs2/torch-fairscale).
 #
-# Observed: mismatch: rank 0: mismatch (step0.train.output: 2 non-finite values where the oracle is finite; step0.train.grad_input: 2 non-finite values where the oracle is finite; step0.train.grad_weight: 1 non-finite values where the oracle is finite; step0.train.running_mean: 1 non-finite values where the oracle is finite (+2 more)); rank 1: mismatch (step0.train.grad_weight: 1 non-finite values where the oracle is finite; step0.train.running_mean: 1 non-finite values where the oracle is finite; step0.train.running_var: 1 non-finite values where the oracle is finite; step0.train.num_batches_tracked: num_batches_tracked 0, expected 1)
+# Observed: mismatch: rank 0: mismatch (step0.train.running_mean: 1 non-finite values where the oracle is finite; step0.train.running_var: 1 non-finite values where the oracle is finite; step0.train.num_batches_tracked: num_batches_tracked 0, expected 1); rank 1: mismatch (step0.train.output: 2 non-finite values where the oracle is finite; step0.train.grad_input: 2 non-finite values where the oracle is finite; step0.train.running_mean: 1 non-finite values where the oracle is finite; step0.train.running_var: 1 non-finite values where the oracle is finite (+1 more))
 #   on torch 2.13.0+cpu (git cf30153c4c131c8164ee7798e5022d810682e2cb), CUDA None, device cpu, backend gloo, fairscale.experimental.nn:SyncBatchNorm 
-#   host vm, 2026-11-25T12:59:17+00:00.
-# Found with: syncbn-harness check --impl fairscale.experimental.nn:SyncBatchNorm --case search/float32-float32/contiguous/empty-2-0/c1x1x1/plain/train/ws2-5fa2b335 --device cpu
+#   host vm, 2026-11-25T13:27:33+00:00.
+# Found with: syncbn-harness check --impl fairscale.experimental.nn:SyncBatchNorm --case search/float32-float32/contiguous/empty-0-2/c1/no-affine/train/ws2-f883db3b --device cpu
 #
-# Case parameters: {"dtype": "float32", "param_dtype": "float32", "memory_format": "contiguous", "grad_memory_format": "contiguous", "ndim": 4, "batch_sizes": [2, 0], "spatial": [[1, 1], [1, 1]], "channels": 1, "world_size": 2, "affine": true, "track_running_stats": true, "momentum": 0.1, "eps": 1e-05, "steps": ["train"], "groups": null, "input_mean": 0.0, "input_scale": 1.0, "seed": 0, "model": null, "scenario": "layer", "step_batch_sizes": null, "input_layout": "dense", "optimizer": null, "ddp": [], "backend": null, "compile": []}
+# Case parameters: {"dtype": "float32", "param_dtype": "float32", "memory_format": "contiguous", "grad_memory_format": "contiguous", "ndim": 2, "batch_sizes": [0, 2], "spatial": [[], []], "channels": 1, "world_size": 2, "affine": false, "track_running_stats": true, "momentum": 0.1, "eps": 1e-05, "steps": ["train"], "groups": null, "input_mean": 0.0, "input_scale": 1.0, "seed": 0, "model": null, "scenario": "layer", "step_batch_sizes": null, "input_layout": "dense", "optimizer": null, "ddp": [], "backend": null, "compile": []}
 # Inputs are regenerated from the seed; the oracle is batch normalization over the global batch in
 # float64; tolerances are the harness's (dtype unit roundoff, reduction size; see compare below).
 # Runs on cpu (gloo): python FILE, or torchrun --nproc-per-node=2 FILE.
 # Exit 0: agrees with the oracle. Exit 1: the disagreement is printed. Exit 2: cannot run here.
 # The implementation is imported by name: fairscale.experimental.nn:SyncBatchNorm (found in /work/main/.venv/lib/python3.11/site-packages when written; that folder is a fallback on sys.path).
-"""Standalone reproduction of search/float32-float32/contiguous/empty-2-0/c1x1x1/plain/train/ws2-5fa2b335 for fairscale.experimental.nn:SyncBatchNorm; run: python repro-5.py (or under torchrun)."""
+"""Standalone reproduction of search/float32-float32/contiguous/empty-0-2/c1/no-affine/train/ws2-f883db3b for fairscale.experimental.nn:SyncBatchNorm; run: python repro-3.py (or under torchrun)."""
 from __future__ import annotations
 
 import math
@@ -2183,7 +2183,7 @@ def main() -> int:
 
 
 # ---- this reproduction ----------------------------------------------------------
-CASE = Case.from_dict(json.loads('{"id": "search/float32-float32/contiguous/empty-2-0/c1x1x1/plain/train/ws2-5fa2b335", "family": "search", "batch_sizes": [2, 0], "spatial": [[1, 1], [1, 1]], "channels": 1, "dtype": "float32", "param_dtype": "float32", "memory_format": "contiguous", "grad_memory_format": null, "affine": true, "track_running_stats": true, "momentum": 0.1, "eps": 1e-05, "steps": ["train"], "groups": null, "input_mean": 0.0, "input_scale": 1.0, "constant_channels": [], "model": null, "scenario": "layer", "step_batch_sizes": null, "input_layout": "dense", "optimizer": null, "ddp": [], "checkpoint": null, "backend": null, "compile": [], "seed": 0, "default": false, "note": ""}'))
+CASE = Case.from_dict(json.loads('{"id": "search/float32-float32/contiguous/empty-0-2/c1/no-affine/train/ws2-f883db3b", "family": "search", "batch_sizes": [0, 2], "spatial": [[], []], "channels": 1, "dtype": "float32", "param_dtype": "float32", "memory_format": "contiguous", "grad_memory_format": null, "affine": false, "track_running_stats": true, "momentum": 0.1, "eps": 1e-05, "steps": ["train"], "groups": null, "input_mean": 0.0, "input_scale": 1.0, "constant_channels": [], "model": null, "scenario": "layer", "step_batch_sizes": null, "input_layout": "dense", "optimizer": null, "ddp": [], "checkpoint": null, "backend": null, "compile": [], "seed": 0, "default": false, "note": ""}'))
 IMPL_NAME = 'fairscale.experimental.nn:SyncBatchNorm'
 KIND = 'plugin'
 DEVICE = 'cpu'
