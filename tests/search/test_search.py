@@ -55,7 +55,11 @@ def test_correct_implementations_raise_no_finding():
 
 @pytest.mark.parametrize("defect", sorted(_defects(), key=lambda c: c.__name__), ids=lambda c: c.__name__)
 def test_search_only_defect_passes_the_default_layer_selection(defect):
-    cases = [c for c in catalog.select() if c.scenario == "layer" and c.family != "scale"]
+    # Layer cases a correct textbook SyncBN runs (it need not compile under fullgraph=True: test_judgement leaves
+    # those out for the same reason); scale rows are left out for cost (each defect is right below 2^17 values
+    # per channel per rank, the default scale rows' 50,176).
+    cases = [c for c in catalog.select() if c.scenario == "layer" and c.family != "scale"
+             and "fullgraph" not in c.compile]
     records = list(run_selection(cases, resolve_impls([f"search_defects:{defect.__name__}"]),
                                  RunOptions(timeout=60, diagnose=False)))
     failed = [f"{r.case}: {r.message[:200]}" for r in records if r.failed]
