@@ -26,6 +26,7 @@ import logging
 import multiprocessing as mp
 import os
 import signal
+import shutil
 import tempfile
 import threading
 import time
@@ -104,8 +105,9 @@ class Pool:
             with _children_ignore_sigint(), _environment(self.env):
                 self._spawn(ctx)
             self._await_ready()
-        except BaseException:
-            self.kill()
+        except BaseException as exc:
+            # A pool that could not start keeps its rank logs: the error names the folder.
+            self.kill(keep_logs=isinstance(exc, PoolStartError))
             raise
 
     def _spawn(self, ctx) -> None:
@@ -150,8 +152,12 @@ class Pool:
             proc.join(timeout=max(0.0, deadline - time.monotonic()))
         self.kill()
 
-    def kill(self) -> None:
-        """Tear down at once (after a failure, or on Ctrl-C): SIGKILL every rank still alive, reap all."""
+    def kill(self, *, keep_logs: bool = False) -> None:
+        """Tear down at once (after a failure, or on Ctrl-C): SIGKILL every rank still alive, reap all.
+
+        The rank logs' folder goes too: what a record needs of it (log tails, stack dumps, collectives) was
+        read into the task's outcome before (``keep_logs``: a start failure, whose error names the folder).
+        """
         for proc in self.procs:
             if proc.is_alive():
                 proc.kill()
@@ -161,6 +167,9 @@ class Pool:
             conn.close()
         self.procs, self.conns = [], []
         self._store = None
+        if self.logdir is not None and not keep_logs:
+            shutil.rmtree(self.logdir, ignore_errors=True)
+            self.logdir = None
 
     def __enter__(self) -> "Pool":
         return self

@@ -143,3 +143,18 @@ def test_caller_rendezvous_env_does_not_reach_the_ranks(monkeypatch):
     records = list(run_selection(catalog.select([NEXT]), resolve_impls(["probes:FailsOnRendezvousEnv"]),
                                  RunOptions(timeout=60)))
     assert [r.status for r in records] == [Status.PASS], records[0].message
+
+
+def test_pools_leave_no_log_folder_behind_and_crash_records_keep_their_evidence(tmp_path, monkeypatch):
+    """Rank logs live in a folder per pool start; what a record needs of them is read before teardown, so the
+    folder goes with the pool, after a pass and after a crash alike (a long search starts hundreds of pools)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    records = list(run_selection(catalog.select([CASE, NEXT]), resolve_impls(["probes:SegfaultOnRank1", "reference"]),
+                                 RunOptions(timeout=60, diagnose=False)))
+    crash = next(r for r in records if r.impl == "probes:SegfaultOnRank1")
+    assert crash.status == Status.CRASH and crash.ranks[1].signal == "SIGSEGV"
+    assert crash.ranks[1].stack_dump  # the log tail was read into the record before the folder went
+    assert any(r.status == Status.PASS for r in records if r.impl == "reference")
+    assert not list(tmp_path.glob("syncbn-pool-*")), list(tmp_path.iterdir())
