@@ -22,10 +22,10 @@ batch. The full product (model x batch layout x dtype) is ``--exhaustive``; the
 default selection is a pairwise covering subset.
 """
 
+from harness.catalog.case import CHECKPOINT_MODES as CHECKPOINTS
+from harness.catalog.case import CONVERSION_MODELS as MODELS
 from harness.catalog.case import Case
 from harness.catalog.covering import pairwise
-from harness.scenarios.checkpoint import MODES as CHECKPOINTS
-from harness.scenarios.user_models import MODELS
 
 FAMILY = "conversion"
 

@@ -2,14 +2,37 @@
 
 Everything here is read from the installed packages at run time; records and
 store keys are made from :func:`build_info`.
+
+A Python overlay (a torch tree whose Python files are another commit's, laid
+over an installed binary by the bisection) carries :data:`OVERLAY_MARKER`
+beside its ``torch`` package: ``{"commit": ..., "binary_git_version": ...}``.
+A process whose torch comes from such a tree reports
+``overlay of <commit> on <binary git_version>`` as its git version
+(:func:`overlay_identity`), so its records are stored apart from the binary's.
+The bisection writes the marker; this module only reads it.
 """
 
 from __future__ import annotations
 
+import json
 import platform
 import socket
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Optional
+
+OVERLAY_MARKER = "syncbn_harness_overlay.json"
+OVERLAY_IDENTITY = "overlay of {commit} on {base}"
+
+
+def overlay_identity(torch_file: str) -> Optional[str]:
+    """``overlay of <commit> on <base>`` when the torch at ``torch_file`` is an overlay tree's, else None."""
+    marker = Path(torch_file).parent.parent / OVERLAY_MARKER
+    try:
+        d = json.loads(marker.read_text())
+        return OVERLAY_IDENTITY.format(commit=d["commit"], base=d["binary_git_version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -30,11 +53,9 @@ class BuildInfo:
 
 def build_info() -> BuildInfo:
     """This process's torch build; a Python overlay's commit stands in its git version
-    (``overlay of <commit> on <binary git_version>``, :mod:`harness.bisect.overlay`)."""
+    (``overlay of <commit> on <binary git_version>``, :func:`overlay_identity`)."""
     import torch
     import torch.distributed as dist
-
-    from harness.bisect.overlay import loaded_identity
 
     backends = []
     if dist.is_available():
@@ -45,7 +66,7 @@ def build_info() -> BuildInfo:
                 backends.append(name)
     return BuildInfo(
         torch_version=torch.__version__,
-        torch_git_version=loaded_identity(torch.__file__) or str(torch.version.git_version),
+        torch_git_version=overlay_identity(torch.__file__) or str(torch.version.git_version),
         cuda_version=torch.version.cuda,
         cuda_available=torch.cuda.is_available(),
         backends=tuple(backends),

@@ -26,6 +26,23 @@ DEVICES = ("cpu", "cuda")
 BACKENDS = ("gloo", "nccl", "nccl-contract")
 
 
+@dataclass
+class RunOptions:
+    """How to run: device, backend, the per-case time limit, and an optional comparison."""
+
+    device: str = "cpu"
+    backend: Optional[str] = None
+    timeout: float = DEFAULT_TIMEOUT_S
+    # (A, B): A's records also say how A differs from B on the same inputs (``--compare A,B``).
+    compare: Optional[tuple[str, str]] = None
+    # An unexpected crash or hang is run once more with collective debugging (harness.engine.diagnosis).
+    diagnose: bool = True
+
+    @property
+    def resolved_backend(self) -> str:
+        return self.backend or ("nccl" if self.device == "cuda" else "gloo")
+
+
 def default_device() -> str:
     """cuda when torch sees a GPU here, else cpu."""
     import torch
@@ -82,15 +99,13 @@ class Selection:
 
     def resolve_impls(self, extra: Sequence[str] = ()) -> list:
         """Adapters for the selected names (plus ``extra``); a plugin that cannot be imported is an error."""
-        from harness.engine.session import resolve_impls
+        from harness.impls import resolve_impls
 
         names = self.impl_names + [n for n in extra if n not in self.impl_names]
         return resolve_impls(names)
 
     def run_options(self, **overrides):
-        """The :class:`~harness.engine.session.RunOptions` these flags ask for."""
-        from harness.engine.session import RunOptions
-
+        """The :class:`RunOptions` these flags ask for."""
         if self.backend == "nccl-contract" and self.resolved_device != "cpu":
             raise UsageError("--backend nccl-contract is a CPU backend: add --device cpu (on cuda, --backend nccl "
                              "runs torch's non-gloo path itself)")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import KernelBuildError
+from harness.paths import PORTABLE, cache_root, setting
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def isa_cflags(cpu_flags: set[str] | None = None) -> list[str]:
     """
     import platform
 
-    if os.environ.get("SYNCBN_HARNESS_PORTABLE") == "1":
+    if setting(PORTABLE) == "1":
         return []
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return []
@@ -113,15 +114,6 @@ def host_cflags() -> tuple[str, ...]:
 
     major = int(torch.__version__.split(".")[0])
     return tuple(["-O3"] + isa_cflags() + openmp_cflags() + (["-std=c++17"] if major < 2 else []))
-
-
-def cache_root() -> Path:
-    """Where built extensions live: ``$SYNCBN_HARNESS_CACHE`` or ``~/.cache/syncbn-harness``."""
-    env = os.environ.get("SYNCBN_HARNESS_CACHE")
-    if env:
-        return Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "syncbn-harness"
 
 
 def find_cuda_home() -> Path | None:

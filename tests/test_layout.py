@@ -1,4 +1,13 @@
-"""The package's shape: modules that can be walked into (a docstring each, small), no import cycles."""
+"""The package's shape: modules that can be walked into (a docstring each, small), and one import direction.
+
+Every import counts, at the top of a module or inside a function: an import
+deferred into a function is still a dependency, and a circle made of them is
+still a circle. The packages are layered (:data:`LAYERS`, lowest first); a
+module may import its own package and the layers below it, never above. The
+one circle allowed is the catalog's registration by import: ``harness.catalog``
+imports the case families of ``cases/`` to list them, and each family imports
+the catalog's ``Case``.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +17,30 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"harness": ROOT / "harness", "harness.cases": ROOT / "cases", "harness.kernels": ROOT / "kernels"}
 MAX_LINES = 420
+
+# Lowest first. A name is a top-level module or subpackage of ``harness``; ``harness`` is the package's own
+# ``__init__`` (its version). Units on one row are peers: they do not import each other.
+LAYERS = [
+    ("harness", "errors", "paths"),  # version, the error types, where things live
+    ("catalog", "cases"),            # the case type and the families (registration by import: the one circle)
+    ("kernels",),                    # the reference's C++/CUDA extension
+    ("judge",),                      # the float64 oracle, tolerances, metrics, invariants
+    ("impls",),                      # the adapters under test
+    ("results",),                    # records, the store, reports, the gate's rules
+    ("buildinfo",),                  # the build under test
+    ("selection",),                  # flags -> cases, adapters, run options
+    ("scenarios",),                  # what a rank does with a case
+    ("engine",),                     # pools, ranks, torchrun, attribution, the run plan
+    ("repro",),                      # standalone repro files
+    ("search", "bisect"),            # exploring the case space; bisecting builds
+    ("bench",),                      # benchmarks on CPU
+    ("bench_cuda",),                 # benchmarks of the CUDA kernels (the CPU ones' machinery)
+    ("commands",),                   # the command line
+    ("__main__",),                   # ``python -m harness``
+]
+# Files in cases/ that pytest collects (the catalog as a test suite): they sit above everything.
+PYTEST_FILES = {"harness.cases.conftest", "harness.cases.test_cases"}
+ALLOWED_CIRCLE = {("catalog", "cases"), ("cases", "catalog")}
 
 
 def modules() -> dict[str, Path]:
@@ -21,9 +54,10 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def imports_at_top(p: Path, known: dict) -> set[str]:
+def imports(p: Path, known: dict) -> set[str]:
+    """Every harness module ``p`` imports, wherever the import statement is (module level, function, class)."""
     deps = set()
-    for node in ast.parse(p.read_text()).body:
+    for node in ast.walk(ast.parse(p.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("harness"):
             for a in node.names:
                 deps.add(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known else node.module)
@@ -32,9 +66,44 @@ def imports_at_top(p: Path, known: dict) -> set[str]:
     return {d for d in deps if d in known}
 
 
+def unit(module: str) -> str:
+    """The layer unit of a module: its first name under ``harness`` (``harness`` itself for the package)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "harness"
+
+
+def level(module: str) -> int:
+    if module in PYTEST_FILES:
+        return len(LAYERS)
+    for i, row in enumerate(LAYERS):
+        if unit(module) in row:
+            return i
+    raise AssertionError(f"{module} is in no layer of tests/test_layout.py: add its package to LAYERS")
+
+
+def test_every_import_follows_the_layers():
+    mods = modules()
+    wrong = []
+    for name, p in mods.items():
+        for dep in imports(p, mods):
+            a, b = unit(name), unit(dep)
+            if a == b or name in PYTEST_FILES or (a, b) in ALLOWED_CIRCLE:
+                continue
+            if level(dep) >= level(name):
+                wrong.append(f"{name} -> {dep} ({a} is at layer {level(name)}, {b} at {level(dep)})")
+    assert not wrong, "imports against the layering:\n  " + "\n  ".join(sorted(wrong))
+
+
 def test_no_import_cycles_between_harness_modules():
     mods = modules()
-    graph = {name: imports_at_top(p, mods) - {name} for name, p in mods.items()}
+    graph = {name: imports(p, mods) - {name} for name, p in mods.items()}
+    # The registrations by import: the catalog lists the families, the families use the catalog's types; the
+    # registry imports the built-in adapters, which register themselves with it.
+    for name in graph:
+        if unit(name) == "catalog":
+            graph[name] = {d for d in graph[name] if unit(d) != "cases"}
+    graph["harness.impls.registry"] = {d for d in graph["harness.impls.registry"]
+                                       if "harness.impls.registry" not in graph.get(d, ())}
 
     def reaches(start, goal, seen):
         for nxt in graph[start]:

@@ -39,7 +39,7 @@ from harness.bisect.checkout import Checkout, CheckoutError
 from harness.bisect.driver import BisectRun, run_bisection
 from harness.bisect.overlay import Binary, Overlays, probe_binary
 from harness.bisect.verdicts import EVAL_TIMEOUT_S, Evaluation
-from harness.kernels.extension import cache_root
+from harness.paths import cache_root
 from harness.selection import Selection
 
 

@@ -31,7 +31,7 @@ from harness.bisect.bisector import Outcome, Result, Verdict
 from harness.bisect.builds import Build, IndexOptions, InstallFailed, ordered_builds
 from harness.bisect.envs import EnvOptions, ensure_env, env_key
 from harness.bisect.verdicts import EVAL_TIMEOUT_S, Evaluation, VerdictCache, evaluate, interpreter_fingerprint
-from harness.kernels.extension import cache_root
+from harness.paths import cache_root
 from harness.selection import Selection
 
 

@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 from harness.bisect import children
 from harness.bisect.builds import Build, IndexOptions, InstallFailed
-from harness.kernels.extension import cache_root
+from harness.paths import cache_root
 
 INSTALL_TIMEOUT_S = 3600.0  # CUDA releases pull several GB of dependencies
 PROBE_TIMEOUT_S = 120.0

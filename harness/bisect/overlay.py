@@ -27,7 +27,7 @@ removed, and the bytecode of both is dropped. Beside ``torch/`` lies
 bisections build it once; it is ready once ``ready.json`` exists.
 
 Identity: a process whose torch is imported from a tree finds :data:`MARKER`
-beside the package (:func:`loaded_identity`), and ``build_info`` reports
+beside the package (:func:`harness.buildinfo.overlay_identity`), and ``build_info`` reports
 ``torch_git_version = "overlay of <C> on <binary git_version>"``: records,
 store files and reports carry the commit. A marker beside the package, not a
 rewritten ``torch/version.py``: ``torch.version.git_version`` stays the
@@ -56,10 +56,9 @@ from typing import Callable, Optional
 from harness.bisect import children
 from harness.bisect.builds import Build, InstallFailed
 from harness.bisect.checkout import Checkout
+from harness.buildinfo import OVERLAY_MARKER as MARKER
 from harness.errors import HarnessError
 
-MARKER = "syncbn_harness_overlay.json"
-IDENTITY = "overlay of {commit} on {base}"
 COMPILED_PREFIXES = ("aten/", "c10/", "torch/csrc/")
 GENERATED = ("torch/version.py",)  # written by the build: the binary's own stays
 PROBE_TIMEOUT_S = 120.0
@@ -75,16 +74,6 @@ def classify(path: str) -> str:
     if path.startswith("torch/") and path.endswith(".py") and path not in GENERATED:
         return "python"
     return "other"
-
-
-def loaded_identity(torch_file: str) -> Optional[str]:
-    """``overlay of <commit> on <base>`` when the torch at ``torch_file`` is an overlay tree's, else None."""
-    marker = Path(torch_file).parent.parent / MARKER
-    try:
-        d = json.loads(marker.read_text())
-        return IDENTITY.format(commit=d["commit"], base=d["binary_git_version"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
 
 
 @dataclass(frozen=True)

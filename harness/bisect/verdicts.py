@@ -24,7 +24,7 @@ from harness.bisect import children
 from harness.bisect.bisector import Verdict
 from harness.bisect.builds import Build
 from harness.engine import RENDEZVOUS_ENV
-from harness.kernels.extension import cache_root
+from harness.paths import cache_root
 from harness.selection import Selection
 
 EVAL_TIMEOUT_S = 3600.0  # one `run` of the selection in one build

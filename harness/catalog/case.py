@@ -32,6 +32,10 @@ import torch
 STEP_KINDS = {"train": "train", "fwd": "train", "nograd": "train", "eval": "eval", "eval-rank0": "eval"}
 INPUT_LAYOUTS = ("dense", "permuted", "sliced")
 CASE_BACKENDS = (None, "nccl-contract")  # None: the run's backend
+# The conversion family's user models (harness.scenarios.user_models) and checkpoint round trips
+# (harness.scenarios.checkpoint): named here, so the catalog need not import the scenarios.
+CONVERSION_MODELS = ("bn-act", "lazy", "frozen", "config", "no-running-stats", "nested")
+CHECKPOINT_MODES = ("resume-2-3", "resume-3-2", "revert", "rank0-ddp")
 # torch.compile of the case's module: a backend, then optionally "fullgraph" and "dynamic" (dynamic=True)
 COMPILE_BACKENDS = ("eager", "aot_eager", "inductor")
 COMPILE_OPTIONS = ("fullgraph", "dynamic")

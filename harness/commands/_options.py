@@ -9,10 +9,10 @@ argument, so every command reads them the same way.
 from __future__ import annotations
 
 import functools
-import os
 
 import click
 
+from harness.paths import default_store  # noqa: F401 - the commands' one spelling
 from harness.selection import BACKENDS, DEFAULT_TIMEOUT_S, DEVICES, Selection
 
 CASE_HELP = ("Shell-style pattern over case IDs (repeatable): the default selection's cases that match (the full "
@@ -52,11 +52,6 @@ def selection_options(fn=None, *, timeout: bool = True):
     for opt in reversed(opts):
         wrapper = opt(wrapper)
     return wrapper
-
-
-def default_store() -> str:
-    """Where results go: ``$SYNCBN_HARNESS_STORE`` or ``./results``."""
-    return os.environ.get("SYNCBN_HARNESS_STORE") or "results"
 
 
 def store_option(help_text: str = "Results store directory (default: $SYNCBN_HARNESS_STORE or ./results)."):

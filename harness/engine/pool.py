@@ -40,6 +40,7 @@ from harness.engine.collectives import read_sink
 from harness.engine.messages import RankResult, Task
 from harness.engine.rank import START_TIMEOUT_S, calls_path, rank_main, timedelta
 from harness.errors import HarnessError
+from harness.paths import START_METHOD, setting
 from harness.results.records import RankOutcome, RankStatus, Status
 
 log = logging.getLogger(__name__)
@@ -294,7 +295,7 @@ def start_context(method: Optional[str] = None):
     forces fresh interpreters. Either way a rank gets the parent's environment of the moment (not the
     forkserver's), see :func:`harness.engine.rank.rank_main`.
     """
-    method = method or os.environ.get("SYNCBN_HARNESS_START_METHOD") or (
+    method = method or setting(START_METHOD) or (
         "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
     if method not in ("forkserver", "spawn"):
         raise HarnessError(f"SYNCBN_HARNESS_START_METHOD={method!r}: use forkserver or spawn")

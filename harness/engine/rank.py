@@ -40,7 +40,7 @@ from typing import Optional
 
 from harness.catalog.case import Case
 from harness.engine import compiled, nccl_contract
-from harness.engine.collectives import begin_task, install_recorder, recorded
+from harness.engine.collectives import begin_task, forbid_collectives, install_recorder, mark_step, recorded
 from harness.engine.messages import RankResult, Task
 from harness.impls.registry import resolve
 from harness.judge.desync import eval_checks, group_checks
@@ -67,6 +67,14 @@ class RankContext:
             impl.setup_rank(device)
             self._impls[key] = impl
         return self._impls[key]
+
+    def mark_step(self, index) -> None:
+        """The collectives from now on belong to step ``index`` of the case (None: after the last step)."""
+        mark_step(index)
+
+    def forbid_collectives(self, why: str):
+        """A context in which any collective raises (``why`` names the step that must not communicate)."""
+        return forbid_collectives(why)
 
     def process_group(self, case):
         """The process group of this rank for ``case`` (None: the default group)."""
@@ -189,7 +197,7 @@ def inductor_cache_dir() -> Path:
     """Inductor's cache for this torch build: ``<harness cache>/inductor/torch-<version>-<commit>``."""
     import torch
 
-    from harness.kernels.extension import cache_root
+    from harness.paths import cache_root
 
     commit = (getattr(torch.version, "git_version", None) or "unknown")[:12]
     return cache_root() / "inductor" / f"torch-{torch.__version__.replace('+', '_')}-{commit}"

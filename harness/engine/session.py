@@ -19,35 +19,18 @@ of failing inside nccl.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from harness.buildinfo import BuildInfo, build_info
 from harness.engine import assemble
 from harness.engine.diagnosis import diagnose
 from harness.engine.messages import Task
 from harness.engine.pool import Pool
-from harness.errors import ImplUnavailable, UsageError
+from harness.errors import ImplUnavailable
 from harness.results.records import Record, Status
 from harness.scenarios import unsupported_reason as scenario_unsupported
-from harness.selection import DEFAULT_TIMEOUT_S
-
-
-@dataclass
-class RunOptions:
-    """How to run: device, backend, the per-case time limit, and an optional comparison."""
-
-    device: str = "cpu"
-    backend: Optional[str] = None
-    timeout: float = DEFAULT_TIMEOUT_S
-    # (A, B): A's records also say how A differs from B on the same inputs (``--compare A,B``).
-    compare: Optional[tuple[str, str]] = None
-    # An unexpected crash or hang is run once more with collective debugging (harness.engine.diagnosis).
-    diagnose: bool = True
-
-    @property
-    def resolved_backend(self) -> str:
-        return self.backend or ("nccl" if self.device == "cuda" else "gloo")
+from harness.impls import resolve_impls  # noqa: F401 - re-exported for callers of this module
+from harness.selection import RunOptions
 
 
 def gpu_shortage(device: str, backend: str, world_size: int, gpus: int) -> Optional[str]:
@@ -68,21 +51,6 @@ def visible_gpus(device: str) -> int:
     import torch
 
     return torch.cuda.device_count()
-
-
-def resolve_impls(names: Iterable[str]) -> list:
-    """Adapters for ``names``; a plugin that cannot be imported is an error, not a skip."""
-    from harness.impls import builtin_names, resolve
-
-    impls = []
-    for name in names:
-        impl = resolve(name)
-        if name not in builtin_names():
-            impl.check_available()  # raises ImplUnavailable naming the module and the exception
-        impls.append(impl)
-    if len({i.name for i in impls}) != len(impls):
-        raise UsageError(f"an implementation is selected twice: {[i.name for i in impls]}")
-    return impls
 
 
 class Session:

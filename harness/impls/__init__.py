@@ -9,7 +9,8 @@
 """
 
 from harness.impls.base import Capabilities, Impl
-from harness.impls.registry import ENTRY_POINT_GROUP, builtin_names, default_names, known_names, register, resolve
+from harness.impls.registry import (ENTRY_POINT_GROUP, builtin_names, default_names, known_names, register, resolve,
+                                    resolve_impls)
 
 __all__ = ["Capabilities", "Impl", "ENTRY_POINT_GROUP", "builtin_names", "default_names", "known_names", "register",
-           "resolve"]
+           "resolve", "resolve_impls"]

@@ -8,7 +8,7 @@ usage error that lists the valid ones.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 from harness.errors import UsageError
 from harness.impls.base import Impl
@@ -73,3 +73,16 @@ def resolve(name: str) -> Impl:
     if ":" in name:
         return PluginImpl(name)
     raise UsageError(f"unknown impl {name!r}: choose one of {', '.join(known_names())}, or MODULE:ATTR")
+
+
+def resolve_impls(names: Iterable[str]) -> list:
+    """Adapters for ``names``; a plugin that cannot be imported is an error, not a skip."""
+    impls = []
+    for name in names:
+        impl = resolve(name)
+        if name not in builtin_names():
+            impl.check_available()  # raises ImplUnavailable naming the module and the exception
+        impls.append(impl)
+    if len({i.name for i in impls}) != len(impls):
+        raise UsageError(f"an implementation is selected twice: {[i.name for i in impls]}")
+    return impls

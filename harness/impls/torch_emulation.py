@@ -57,7 +57,6 @@ from __future__ import annotations
 import ast
 import contextlib
 import inspect
-import os
 import textwrap
 from typing import Optional
 
@@ -65,6 +64,7 @@ import torch
 
 from harness.kernels import extension
 from harness.errors import ImplUnavailable, KernelBuildError
+from harness.paths import TORCH_PATH, setting
 
 OPS = ("batch_norm_stats", "batch_norm_gather_stats_with_counts", "batch_norm_elemt",
        "batch_norm_backward_reduce", "batch_norm_backward_elemt")
@@ -197,7 +197,7 @@ def _not_capturing() -> None:
 
 def device_check_path() -> str:
     """``"module"`` if the unmodified module can be run on CPU here, else ``"function"``."""
-    forced = os.environ.get("SYNCBN_HARNESS_TORCH_PATH")
+    forced = setting(TORCH_PATH)
     if forced in ("module", "function"):
         return forced
     try:

@@ -326,3 +326,19 @@ def judge_sums(sum_truth: dict, shares: list[dict]) -> list[tuple[str, Metric]]:
             m = compare_tensor(got, true, torch.tensor(t["tol"], dtype=torch.float64))
             out.append((f"step{step}.{which}_sum", m))
     return out
+
+
+def network_tolerance(truth: torch.Tensor, case: Case, reduction: int, depth: int, step: int) -> torch.Tensor:
+    """Model tensors: K (u_in + u_a gamma(N)) depth (step + 1) (|t| + mean|t|), elementwise.
+
+    A network's result passes through ``depth`` layers, each rounding its output to the input dtype (u_in)
+    and reducing at most ``N`` terms in the accumulation dtype (u_a), and ``step + 1`` updates;
+    ``mean|t|`` keeps elements near 0 from getting no budget. Defects move results by percent; this budget
+    is 1e-5 relative for float32 networks of a few layers, 1e-2 for half inputs.
+    """
+    both64 = case.dtype == "float64" and case.param_dtype == "float64"
+    u_a = UNIT_ROUNDOFF[torch.float64 if both64 else torch.float32]
+    u_in = UNIT_ROUNDOFF[DTYPES[case.dtype]]
+    t = truth.abs()
+    scale = t + (t.mean() if t.numel() else 0.0)
+    return K * (u_in + u_a * gamma(reduction)) * depth * (step + 1) * scale

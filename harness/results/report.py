@@ -30,7 +30,6 @@ import html
 import io
 import json
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -402,4 +401,6 @@ def _said(row) -> str:
 
 def default_out() -> str:
     """Where reports go by default: $SYNCBN_HARNESS_REPORTS or ./reports."""
-    return os.environ.get("SYNCBN_HARNESS_REPORTS") or "reports"
+    from harness.paths import default_reports
+
+    return default_reports()

@@ -32,18 +32,18 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from harness.catalog.case import DTYPES, Case, materialize
-from harness.engine.collectives import mark_step
+from harness.catalog.case import CHECKPOINT_MODES, DTYPES, Case, materialize
 from harness.judge.compare import compare_tensor
 from harness.judge.metric import Metric
 from harness.scenarios import user_models
 from harness.scenarios.conversion import oracle_step, run_step
-from harness.scenarios.model import judge_across, network_tolerance
+from harness.judge.compare import network_tolerance
+from harness.scenarios.model import judge_across
 
 __all__ = ["run_rank", "judge_across", "unsupported_reason", "phases", "MODES"]
 
 PHASE_A = 2
-MODES = ("resume-2-3", "resume-3-2", "revert", "rank0-ddp")
+MODES = CHECKPOINT_MODES
 
 
 def phases(case: Case) -> tuple[list[int], list[int]]:
@@ -109,7 +109,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     model.train()
     model = impl.convert(model, group_a).to(device) if rank in ranks_a else None
     for s in range(PHASE_A):
-        mark_step(s)
+        ctx.mark_step(s)
         xs, gs = ([data.inputs[s][r] for r in ranks_a], [data.grad_outputs[s][r] for r in ranks_a])
         if rank in ranks_a:
             across[str(s)] = run_step(case, impl, device, rank, model, oracle, xs, gs, s, metrics, ranks=ranks_a)
@@ -134,7 +134,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         with impl.ddp_guard():
             fresh = DistributedDataParallel(fresh)
     for s in range(PHASE_A, len(case.steps)):
-        mark_step(s)
+        ctx.mark_step(s)
         xs, gs = ([data.inputs[s][r] for r in ranks_b], [data.grad_outputs[s][r] for r in ranks_b])
         if fresh is not None and rank in ranks_b:
             across[str(s)] = run_step(case, impl, device, rank, fresh, oracle, xs, gs, s, metrics, ranks=ranks_b,

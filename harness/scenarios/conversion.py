@@ -33,11 +33,11 @@ import torch
 from torch import nn
 
 from harness.catalog.case import DTYPES, STEP_KINDS, Case, materialize
-from harness.engine.collectives import mark_step
 from harness.judge.compare import compare_tensor
 from harness.judge.metric import Metric
 from harness.scenarios import user_models
-from harness.scenarios.model import judge_across, judge_buffers, network_tolerance
+from harness.judge.compare import network_tolerance
+from harness.scenarios.model import judge_across, judge_buffers
 
 __all__ = ["run_rank", "run_step", "oracle_step", "judge_across", "conversion_problems"]
 
@@ -240,7 +240,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     data = materialize(case)
     across: dict = {}
     for s in range(len(case.steps)):
-        mark_step(s)
+        ctx.mark_step(s)
         across[str(s)] = run_step(case, impl, device, ctx.rank, converted, oracle, data.inputs[s],
                                   data.grad_outputs[s], s, metrics)
     result.across["bitwise"] = across

@@ -32,7 +32,6 @@ from typing import Optional
 import torch
 
 from harness.catalog.case import DTYPES, STEP_KINDS, Case, materialize
-from harness.engine.collectives import forbid_collectives, mark_step
 from harness.judge.compare import judge_rank, judge_sums, sum_tolerance
 from harness.judge.invariants import bits, compare_across
 from harness.judge.metric import Metric
@@ -53,7 +52,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         weight=data.weight, bias=data.bias, param_dtype=DTYPES[case.param_dtype],
         running_mean=data.running_mean, running_var=data.running_var, groups=case.groups, ranks=[rank])
     group = ctx.process_group(case)
-    observed, convert_problems = run_steps(case, impl, device, rank, data, group)
+    observed, convert_problems = run_steps(ctx, case, impl, device, data, group)
     result.across["buffers"] = {str(s): {name: obs[f"{name}_bits"] for name in BUFFERS}
                                 for s, obs in enumerate(observed) if obs is not None}
     if case.affine:
@@ -140,11 +139,13 @@ def _input_problems(x: torch.Tensor, before: torch.Tensor, y: torch.Tensor) -> l
     return problems
 
 
-def run_steps(case: Case, impl, device: str, rank: int, data, group) -> tuple[list, list[str]]:
+def run_steps(ctx, case: Case, impl, device: str, data, group) -> tuple[list, list[str]]:
     """Build this rank's module (or convert the nested model), run every step, return what it produced.
 
-    ``observed[s]`` is None for a step this rank takes no part in.
+    ``observed[s]`` is None for a step this rank takes no part in. ``ctx`` is the rank's context: its rank,
+    and the marks that tell the collective recorder which step a call belongs to.
     """
+    rank = ctx.rank
     pdtype = DTYPES[case.param_dtype]
     convert_problems: list[str] = []
     if case.model == "nested":
@@ -162,7 +163,7 @@ def run_steps(case: Case, impl, device: str, rank: int, data, group) -> tuple[li
     observed: list = []
     pending: list = []  # forwards ("fwd" steps) whose backward comes with the next train step
     for s, kind in enumerate(case.steps):
-        mark_step(s)
+        ctx.mark_step(s)
         if kind == "eval-rank0" and rank != 0:
             observed.append(None)
             continue
@@ -170,8 +171,8 @@ def run_steps(case: Case, impl, device: str, rank: int, data, group) -> tuple[li
         x, leaf = present(data.inputs[s][rank], case.input_layout, device)
         before = x.detach().clone()
         dy = data.grad_outputs[s][rank].to(device)
-        guard = forbid_collectives("evaluation on rank 0 alone") if kind == "eval-rank0" else contextlib.nullcontext()
-        with guard:
+        alone = kind == "eval-rank0"
+        with ctx.forbid_collectives("evaluation on rank 0 alone") if alone else contextlib.nullcontext():
             if kind == "nograd":
                 with torch.no_grad():
                     y = impl.forward(module, x)
@@ -200,7 +201,7 @@ def run_steps(case: Case, impl, device: str, rank: int, data, group) -> tuple[li
         observed.append(obs)
         if kind != "fwd":
             module.zero_grad(set_to_none=True)
-    mark_step(None)
+    ctx.mark_step(None)
     return observed, convert_problems
 
 
@@ -212,7 +213,7 @@ def compare_implementations(ctx, case: Case, other_name: str, device: str, data,
     if reason:
         out["error"] = f"unsupported: {reason}"
         return out
-    theirs, _ = run_steps(case, other, device, ctx.rank, data, group)
+    theirs, _ = run_steps(ctx, case, other, device, data, group)
     for s, (a, b) in enumerate(zip(observed, theirs)):
         if a is None or b is None:
             continue

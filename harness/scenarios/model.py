@@ -36,8 +36,7 @@ from typing import Optional
 import torch
 
 from harness.catalog.case import DTYPES, STEP_KINDS, Case, materialize
-from harness.engine.collectives import mark_step
-from harness.judge.compare import K, UNIT_ROUNDOFF, compare_tensor, gamma
+from harness.judge.compare import compare_tensor, network_tolerance
 from harness.judge.invariants import bits, compare_across
 from harness.judge.metric import Metric
 from harness.scenarios import networks
@@ -132,22 +131,6 @@ class Oracle:
                 p.grad = None
 
 
-def network_tolerance(truth: torch.Tensor, case: Case, reduction: int, depth: int, step: int) -> torch.Tensor:
-    """Model tensors: K (u_in + u_a gamma(N)) depth (step + 1) (|t| + mean|t|), elementwise.
-
-    A network's result passes through ``depth`` layers, each rounding its output to the input dtype (u_in)
-    and reducing at most ``N`` terms in the accumulation dtype (u_a), and ``step + 1`` updates;
-    ``mean|t|`` keeps elements near 0 from getting no budget. Defects move results by percent; this budget
-    is 1e-5 relative for float32 networks of a few layers, 1e-2 for half inputs.
-    """
-    both64 = case.dtype == "float64" and case.param_dtype == "float64"
-    u_a = UNIT_ROUNDOFF[torch.float64 if both64 else torch.float32]
-    u_in = UNIT_ROUNDOFF[DTYPES[case.dtype]]
-    t = truth.abs()
-    scale = t + (t.mean() if t.numel() else 0.0)
-    return K * (u_in + u_a * gamma(reduction)) * depth * (step + 1) * scale
-
-
 def _cpu(t):
     return None if t is None else t.detach().cpu().clone()
 
@@ -188,7 +171,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     metrics: list[tuple[str, Metric]] = []
     across: dict = {}
     for s, kind in enumerate(case.steps):
-        mark_step(s)
+        ctx.mark_step(s)
         train = STEP_KINDS[kind] == "train"
         model.train(train)
         xs = [data.inputs[s][r] for r in range(ws)]

@@ -27,7 +27,9 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-MODELS = ("bn-act", "lazy", "frozen", "config", "no-running-stats", "nested")
+from harness.catalog.case import CONVERSION_MODELS
+
+MODELS = CONVERSION_MODELS
 
 
 class BatchNormAct2d(nn.BatchNorm2d):

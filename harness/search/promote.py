@@ -1,8 +1,8 @@
 """Promotion: a finding's minimal case becomes a catalog case that ``run``, ``gate`` and ``check`` select.
 
 The catalog file is ``search_found.json`` beside the case catalog, or the
-file ``$SYNCBN_HARNESS_FOUND`` names (the
-``search`` family of :mod:`harness.cases.search_found` reads it): a JSON list
+file ``$SYNCBN_HARNESS_FOUND`` names (:mod:`harness.catalog.found` reads it
+for the ``search`` family of :mod:`harness.cases.search_found`): a JSON list
 of ``{"case": <Case.to_dict()>, "finding": {signature, impl, torch_version,
 torch_git_version, promoted_at, message}}``, one entry per case ID, in the
 order they were promoted. Promoted cases are in the default selection. The
@@ -21,49 +21,8 @@ from typing import Iterable, Optional
 
 from harness.catalog.case import Case
 from harness.errors import UsageError
+from harness.catalog.found import FILENAME, default_path, load, promoted_cases  # noqa: F401 - reading side
 from harness.results.records import Status
-
-FILENAME = "search_found.json"
-
-
-def default_path() -> Path:
-    """``$SYNCBN_HARNESS_FOUND``, or ``search_found.json`` beside the case catalog."""
-    if os.environ.get("SYNCBN_HARNESS_FOUND"):
-        return Path(os.environ["SYNCBN_HARNESS_FOUND"])
-    from harness import cases
-
-    return Path(cases.__file__).with_name(FILENAME)
-
-
-def load(path: Optional[Path] = None) -> list[dict]:
-    """The promoted entries (an absent file: none); a file that is not such a list is a usage error naming it."""
-    p = Path(path) if path else default_path()
-    if not p.exists():
-        return []
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-        if not isinstance(data, list):
-            raise ValueError("not a JSON list")
-        for n, entry in enumerate(data, 1):
-            try:
-                Case.from_dict(entry["case"])
-            except (ValueError, KeyError, TypeError) as exc:
-                raise ValueError(f"entry {n}: {exc}") from None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UsageError(f"promoted-cases file {p} cannot be read ({exc}): fix or remove the entry, or restore the "
-                         "file from version control") from None
-    return data
-
-
-def promoted_cases(path: Optional[Path] = None) -> list[Case]:
-    """The promoted cases, in the default selection."""
-    out = []
-    for entry in load(path):
-        d = dict(entry["case"])
-        d["default"] = True
-        out.append(Case.from_dict(d))
-    return out
-
 
 def from_summary(summary: Path, numbers: Iterable[int] = ()) -> list:
     """The new findings of a ``findings.json`` (``numbers``: only these, counted from 1 as the summary lists

@@ -1,0 +1,76 @@
+"""Where the harness keeps things, and every ``SYNCBN_HARNESS_*`` environment variable it reads.
+
+One place for the names, so a variable is spelled once and a default
+location is changed once. Every other module asks here; none reads these
+variables itself.
+
+==============================  ==========================================  ======================================
+variable                        what it sets                                default
+==============================  ==========================================  ======================================
+``SYNCBN_HARNESS_CACHE``        the cache: built kernels (``kernels/``),     ``$XDG_CACHE_HOME/syncbn-harness``, else
+                                bisection environments (``envs/``),         ``~/.cache/syncbn-harness``
+                                overlays, verdicts and stores (``bisect/``),
+                                inductor's compiled code (``inductor/``),
+                                a failing case's rank logs (``logs/``)
+``SYNCBN_HARNESS_STORE``        the results store of ``run``, ``check``...   ``./results``
+``SYNCBN_HARNESS_REPORTS``      where ``report`` writes                     ``./reports``
+``SYNCBN_HARNESS_FOUND``        the file of cases promoted from a search    ``search_found.json`` beside the catalog
+``SYNCBN_HARNESS_START_METHOD`` how rank processes start                    ``forkserver`` (``spawn`` where absent)
+``SYNCBN_HARNESS_TORCH_PATH``   torch's CPU-emulation path                  chosen per torch version
+                                (``module`` or ``function``)
+``SYNCBN_HARNESS_PORTABLE``     ``1``: build the kernels without this       unset (native ISA flags)
+                                CPU's ISA flags
+==============================  ==========================================  ======================================
+
+Protocol: each function reads its variable when called (never at import),
+so a test or a child process that sets one sees it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional
+
+CACHE = "SYNCBN_HARNESS_CACHE"
+STORE = "SYNCBN_HARNESS_STORE"
+REPORTS = "SYNCBN_HARNESS_REPORTS"
+FOUND = "SYNCBN_HARNESS_FOUND"
+START_METHOD = "SYNCBN_HARNESS_START_METHOD"
+TORCH_PATH = "SYNCBN_HARNESS_TORCH_PATH"
+PORTABLE = "SYNCBN_HARNESS_PORTABLE"
+
+
+def setting(name: str) -> Optional[str]:
+    """The value of one of the variables above (None when unset or empty)."""
+    return os.environ.get(name) or None
+
+
+def cache_root() -> Path:
+    """The harness's cache folder: ``$SYNCBN_HARNESS_CACHE``, else ``$XDG_CACHE_HOME`` or ``~/.cache``."""
+    env = setting(CACHE)
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "syncbn-harness"
+
+
+def default_store() -> str:
+    """Where results go: ``$SYNCBN_HARNESS_STORE`` or ``./results``."""
+    return setting(STORE) or "results"
+
+
+def default_reports() -> str:
+    """Where reports go: ``$SYNCBN_HARNESS_REPORTS`` or ``./reports``."""
+    return setting(REPORTS) or "reports"
+
+
+def found_cases_file(catalog_dir: Path) -> Path:
+    """The promoted search cases: ``$SYNCBN_HARNESS_FOUND``, or ``search_found.json`` in ``catalog_dir``."""
+    env = setting(FOUND)
+    return Path(env) if env else catalog_dir / "search_found.json"
+
+
+def failure_logs_root() -> Path:
+    """Where the rank logs of failing cases are kept (bounded: see :mod:`harness.engine.logs`)."""
+    return cache_root() / "logs"
