@@ -59,10 +59,9 @@ def gate(baseline_path, store_dir, selection, growth, growth_floor, allow_missin
 def current_key(selection) -> str:
     """The store key of the build under test with the selection's device and backend."""
     from harness.buildinfo import build_info
-    from harness.results.store import build_key
+    from harness.engine.plan import store_key
 
-    info = build_info()
-    return build_key(info.torch_version, info.torch_git_version, selection.resolved_device, selection.resolved_backend)
+    return store_key(build_info(), selection.run_options())
 
 
 def run_current(selection) -> list:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import sys
 
@@ -33,30 +32,22 @@ def run(selection, store_dir, resume, fmt, junit, compare, verbose, no_diagnose)
     Exit 0 when nothing failed unexpectedly (known issues do not count), 1 on any mismatch, error, crash or hang
     that is not a known issue, 2 on a usage error, 3 when the harness could not work.
     """
-    from harness.engine import torchrun
-    from harness.engine.session import execute_run
+    from harness.engine.plan import execute, make_plan
     from harness.errors import Terminated
     from harness.results.progress import Progress, wanted
     from harness.results.records import Status, exit_code
 
-    pair = parse_compare(compare) if compare else None
-    impls = selection.resolve_impls(extra=pair or ())
-    opts = selection.run_options(compare=pair, diagnose=not no_diagnose)
-    cases = selection.cases
     store_dir = store_dir or default_store()
-    total = len(cases) * len(impls)
-    if torchrun.under_torchrun():
-        world = int(os.environ["WORLD_SIZE"])  # torchrun runs only the cases of its world size
-        total = sum(c.world_size == world for c in cases) * len(impls)
-    else:
-        todo = planned(store_dir, selection, cases, impls, resume)
-        if resume and not todo:
+    plan = make_plan(selection, store_dir=store_dir, resume=resume,
+                     compare=parse_compare(compare) if compare else None, diagnose=not no_diagnose)
+    if resume and plan.launcher == "local":
+        total, left = plan.selected, plan.to_run
+        if not left:
             click.echo(f"resume: all {total} (case, impl) results of this selection are already in {store_dir}; "
                        "nothing left to run (the output below is of the stored records)", err=True)
-        elif resume and len(todo) < total:
-            click.echo(f"resume: {total - len(todo)} of {total} (case, impl) results already in {store_dir}; "
-                       f"running the {len(todo)} left (the output below covers all {total})", err=True)
-        total = len(todo)
+        elif left < total:
+            click.echo(f"resume: {total - left} of {total} (case, impl) results already in {store_dir}; "
+                       f"running the {left} left (the output below covers all {total})", err=True)
 
     def output(records) -> None:
         if fmt == "json":
@@ -71,7 +62,7 @@ def run(selection, store_dir, resume, fmt, junit, compare, verbose, no_diagnose)
             junit_xml.write(junit_xml.run_rows(records), junit)
         next_steps(records, selection, err=fmt == "json")
 
-    with Progress(total, enabled=wanted(sys.stderr, fmt)) as bar:
+    with Progress(plan.to_run, enabled=wanted(sys.stderr, fmt)) as bar:
         announced: set = set()
 
         def on_record(record):
@@ -88,8 +79,7 @@ def run(selection, store_dir, resume, fmt, junit, compare, verbose, no_diagnose)
                       + (f"  {record.message.splitlines()[0][:160]}" if record.message else ""))
 
         try:
-            records, is_writer = execute_run(cases, impls, opts, store_dir=store_dir, resume=resume,
-                                             on_record=on_record, on_abort=output)
+            records, is_writer = execute(plan, on_record=on_record, on_abort=output)
         except (KeyboardInterrupt, Terminated):
             bar.close()
             again = ["syncbn-harness", *sys.argv[1:]] + ([] if "--resume" in sys.argv else ["--resume"])
@@ -98,8 +88,7 @@ def run(selection, store_dir, resume, fmt, junit, compare, verbose, no_diagnose)
             raise
     if not is_writer:
         sys.exit(0)  # a torchrun rank other than the writer: the writer reports
-    if resume:
-        records = selection_records(store_dir, cases, impls, opts)
+    records = plan.output(records)
     output(records)
     sys.exit(exit_code(records))
 
@@ -112,39 +101,6 @@ def parse_compare(value: str) -> tuple[str, str]:
     if len(parts) != 2 or not all(parts) or parts[0] == parts[1]:
         raise UsageError(f"--compare {value!r}: give two different implementations, e.g. --compare torch,reference")
     return parts[0], parts[1]
-
-
-def build_key_of(opts) -> str:
-    from harness.buildinfo import build_info
-    from harness.results.store import build_key
-
-    info = build_info()
-    return build_key(info.torch_version, info.torch_git_version, opts.device, opts.resolved_backend)
-
-
-def planned(store_dir, selection, cases, impls, resume: bool) -> list[tuple[str, str]]:
-    """The (case, impl) pairs this run will run; checks first that the store can take them.
-
-    Refuses (StoreError, exit 3) a store that is not writable or whose file
-    for this build holds records of a newer schema, before any case runs.
-    """
-    from harness.results.store import Store, completed, pending
-
-    key = build_key_of(selection.run_options())
-    store = Store(store_dir)
-    store.prepare(key)
-    done = completed(store.read(key)) if resume and key in store.builds() else set()
-    return pending([c.id for c in cases], [i.name for i in impls], done)
-
-
-def selection_records(store_dir, cases, impls, opts) -> list:
-    """The latest stored record of every (case, impl) of the selection, in selection order."""
-    from harness.results.store import Store, latest
-
-    store = Store(store_dir)
-    key = build_key_of(opts)
-    by_pair = {(r.case, r.impl): r for r in latest(store.read(key))} if key in store.builds() else {}
-    return [by_pair[(c.id, i.name)] for c in cases for i in impls if (c.id, i.name) in by_pair]
 
 
 def next_steps(records, selection, err: bool) -> None:

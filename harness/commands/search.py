@@ -67,14 +67,15 @@ def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Pa
     from harness.buildinfo import build_info
     from harness.engine.session import Session
     from harness.results.progress import wanted
-    from harness.results.store import Store, build_key
+    from harness.engine.plan import store_key
+    from harness.results.store import Store
     from harness.search.explore import Explorer
     from harness.search.findings import write_repros, write_summary
 
     impls = selection.resolve_impls()
     opts = selection.run_options(diagnose=False)
     info = build_info()
-    key = build_key(info.torch_version, info.torch_git_version, opts.device, opts.resolved_backend)
+    key = store_key(info, opts)
     store = Store(store_dir)
     store.prepare(key)
     live = wanted(sys.stderr)

@@ -1,11 +1,15 @@
 """The execution engine: rank processes that run cases, and the parent that attributes what they did.
 
+- :mod:`~harness.engine.plan`: one plan per run (build key, pending cases, launcher) and its executor;
+- :mod:`~harness.engine.admission`: whether a (case, impl) runs here, and its task (both launchers);
 - :mod:`~harness.engine.session`: run a selection (one warm pool per world size), yield records;
 - :mod:`~harness.engine.pool`: the parent side of a warm pool of rank processes;
+- :mod:`~harness.engine.logs`: rank logs kept (bounded) for failing cases only;
 - :mod:`~harness.engine.rank`: the rank side (the process loop, the per-process context, one task);
 - :mod:`~harness.engine.attribution`: every rank's outcome of a task, and the case's status;
 - :mod:`~harness.engine.assemble`: the one path from rank outcomes to a record;
 - :mod:`~harness.engine.torchrun`: the same rank code as one rank of a torchrun job;
+- :mod:`~harness.engine.torchrun_protocol`: the keys a torchrun job's ranks exchange, and its heartbeats;
 - :mod:`~harness.engine.messages`: the plain data that crosses processes.
 """
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from harness.judge.metric import Metric
-from harness.results.records import RankStatus
+from harness.results.records import RankOutcome, RankStatus, Status
 
 
 @dataclass
@@ -72,3 +72,16 @@ class RankResult:
         kw["status"] = RankStatus(kw.get("status", "error"))
         kw["metrics"] = {name: Metric.from_dict(m) for name, m in (kw.get("metrics") or {}).items()}
         return cls(**kw)
+
+
+@dataclass
+class TaskOutcome:
+    """What every rank did with one task: the case's status, each rank's outcome, each rank's answer.
+
+    Made in the parent by the local pool and by a torchrun job's writer alike (from attribution).
+    """
+
+    status: Status
+    ranks: list[RankOutcome]
+    results: list[Optional[RankResult]]  # each rank's answer, None when it gave none
+    logs: Optional[str] = None  # where the rank logs of a failing task were kept (harness.engine.logs)

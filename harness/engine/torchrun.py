@@ -1,22 +1,14 @@
 """Running under ``torchrun``: this process is one rank of a (possibly multi-node) job.
 
-Every rank computes the same selection, keeps the cases whose world size
-equals the job's, and runs them in the same order with the same rank code as
-the local pool (:func:`harness.engine.rank.run_task`). The process group
-comes from torchrun's environment (``env://``), whatever rendezvous it used.
-
-The harness's own messages go through the job's key-value store (the one
-``init_process_group`` joined), never through the process group: a rank
-stuck in the implementation's collective cannot block them. Keys live under
-``syncbn-harness/<case number>/``:
-
-    result/<r>      rank r's RankResult (JSON), posted when its task returns
-    silent/<r>      rank r's stack dump, posted by its watchdog while its task does not return
-    dump-request    a failure was seen: every rank whose task has not returned posts silent/<r>
-    done            "continue" (the next case may start) or "abort" (the job ends)
-
-and ``syncbn-harness/heartbeat/<r>``, a counter every rank's watchdog thread
-bumps four times a second: a counter that stops moving is a dead process.
+Every rank computes the same plan (:mod:`harness.engine.plan`), keeps the
+cases whose world size equals the job's, and runs them in the same order
+with the same admission (:mod:`harness.engine.admission`: the same
+``skipped``/``unsupported`` rules and the same task, ``--compare``
+included) and the same rank code as the local pool
+(:func:`harness.engine.rank.run_task`). The process group comes from
+torchrun's environment (``env://``), whatever rendezvous it used. The
+harness's own messages go through the job's key-value store
+(:mod:`harness.engine.torchrun_protocol`), never through the process group.
 
 The writer (rank 0, or the lowest live rank when rank 0 is dead) gathers
 every rank's result and writes the record. When a case fails in a way that
@@ -31,8 +23,9 @@ exits 1. A failure is never lost, and nothing waits past ``--timeout`` plus a
 few seconds.
 
 A dead rank's exit code is its agent's to know; a rank on the writer's node
-leaves its faulthandler output in a file the writer reads, so a segfault is
-named (SIGSEGV) when it can be.
+leaves its faulthandler output in a file (in a private folder of this job,
+removed when the job ends well) the writer reads, so a segfault is named
+(SIGSEGV) when it can be.
 """
 
 from __future__ import annotations
@@ -42,74 +35,24 @@ import json
 import os
 import re
 import signal
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from harness.engine import assemble
+from harness.engine import admission, assemble, logs, nccl_contract
 from harness.engine.attribution import Observation, attribute, stacks_now
-from harness.engine import nccl_contract
 from harness.engine.collectives import install_recorder
-from harness.engine.messages import RankResult, Task
+from harness.engine.messages import RankResult, TaskOutcome
 from harness.engine.rank import RankContext, run_task, timedelta, use_inductor_cache
-from harness.errors import ImplUnavailable
+from harness.engine.torchrun_protocol import (DEAD_AFTER_S, DUMP_GRACE_S, HEARTBEAT_S, PEER_GRACE_S, POLL_S, PREFIX,
+                                              CaseKeys, Heartbeats, exchange)
 from harness.results.records import RankStatus, Record, Status
-from harness.scenarios import unsupported_reason as scenario_unsupported
 
-PREFIX = "syncbn-harness/"
-HEARTBEAT_S = 0.25
-DEAD_AFTER_S = 1.5  # a heartbeat unchanged this long: the process is gone
-PEER_GRACE_S = 3.0  # after a failure, how long the others get to answer
-DUMP_GRACE_S = 2.5  # after a dump request, how long ranks get to post their stacks
-POLL_S = 0.05
 # faulthandler's words for fatal signals -> the signal's name
 FATAL = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
          "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
 
-
-def under_torchrun() -> bool:
-    """Whether this process was started by torchrun (torch.distributed.run)."""
-    env = os.environ
-    return "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env
-
-
-class Heartbeats:
-    """Every rank's heartbeat counter in the store, and when each last moved (as seen from here)."""
-
-    def __init__(self, store, world: int):
-        self.store, self.world = store, world
-        start = time.monotonic()
-        self._seen = {r: (None, start) for r in range(world)}
-        self._lock = threading.Lock()
-
-    def beat(self, rank: int) -> None:
-        self.store.add(f"{PREFIX}heartbeat/{rank}", 1)
-
-    def alive(self) -> set[int]:
-        """Ranks whose counter moved within ``DEAD_AFTER_S`` (a rank not yet seen long enough counts as alive)."""
-        now = time.monotonic()
-        with self._lock:
-            for r in range(self.world):
-                value = self.store.add(f"{PREFIX}heartbeat/{r}", 0)
-                if value != self._seen[r][0]:
-                    self._seen[r] = (value, now)
-            return {r for r, (_, moved) in self._seen.items() if now - moved < DEAD_AFTER_S}
-
-    def writer(self, me: int) -> int:
-        """Rank 0 while it lives, else the lowest live rank."""
-        live = self.alive() | {me}
-        return 0 if 0 in live else min(live)
-
-
-
-def fixed_backend(case, run_backend: str) -> Optional[str]:
-    """Why a case that names its own backend cannot run in this job (None: it can)."""
-    if case.backend_for(run_backend) != run_backend:
-        return (f"the case runs over {case.backend}, and a torchrun job has one backend ({run_backend}): run it "
-                f"with --backend {case.backend}, or without torchrun")
-    return None
 
 class Job:
     """This rank's part of a torchrun job over the selected cases (see the module docstring)."""
@@ -154,6 +97,7 @@ class Job:
             threading.Thread(target=self._beat, name="syncbn-heartbeat", daemon=True).start()
             threading.Thread(target=self._watchdog, name="syncbn-watchdog", daemon=True).start()
             self._main()
+            self._drop_fault_log()  # every case ran: nothing of this job needs the file
         finally:
             dist.destroy_process_group()
         return self.records
@@ -170,22 +114,17 @@ class Job:
         seq = 0
         for case in [c for c in self.cases if c.world_size == self.world]:
             for impl in self.impls:
-                reason, status = unavailable.get(impl.name), Status.SKIPPED
-                if reason is None:
-                    reason = impl.unsupported_reason(case, self.opts.device) or scenario_unsupported(
-                        case, impl, self.opts.device, self.opts.resolved_backend) or fixed_backend(
-                        case, self.opts.resolved_backend)
-                    status = Status.UNSUPPORTED
-                if reason:
+                refused = admission.refusal(case, impl, self.opts, unavailable, gpus=None, one_backend=True)
+                if refused is not None:
                     if self.is_writer:
                         self._finish(assemble.not_run(case, impl, self.info, self.opts.device,
-                                                      self.opts.resolved_backend, status, reason))
+                                                      self.opts.resolved_backend, refused.status, refused.reason))
                     continue
                 seq += 1
                 c = _Case(self, seq, case, impl)
                 with self._lock:
                     self._case = c
-                result = run_task(ctx, Task(case=case.to_dict(), impl=impl.key, device=self.opts.device))
+                result = run_task(ctx, admission.task_for(case, impl, self.opts))
                 c.set("result", self.rank, json.dumps(result.to_dict()))
                 c.returned = time.monotonic()
                 if self.is_writer:
@@ -204,18 +143,12 @@ class Job:
 
     def _exchange_availability(self) -> dict[str, str]:
         """Implementations any rank cannot run are skipped on every rank (with that rank's reason)."""
-        mine = {}
-        for impl in self.impls:
-            try:
-                impl.check_available_on(self.opts.device)
-            except ImplUnavailable as exc:
-                mine[impl.name] = f"rank {self.rank}: {exc}" if self.world > 1 else str(exc)
-        self.store.set(f"{PREFIX}avail/{self.rank}", json.dumps(mine))
-        keys = [f"{PREFIX}avail/{r}" for r in range(self.world)]
-        self.store.wait(keys, timedelta(self.opts.timeout + 60))
+        mine = admission.unavailable(self.impls, self.opts.device, self.info.cuda_available)
+        if self.world > 1:
+            mine = {name: f"rank {self.rank}: {why}" for name, why in mine.items()}
         union: dict[str, str] = {}
-        for key in keys:
-            for name, why in json.loads(self.store.get(key)).items():
+        for posted in exchange(self.store, "avail", self.rank, self.world, json.dumps(mine), self.opts.timeout + 60):
+            for name, why in json.loads(posted).items():
                 union.setdefault(name, why)
         return union
 
@@ -283,10 +216,19 @@ class Job:
 
     def _fault_log(self) -> None:
         """faulthandler writes a crash's report to a file per rank, which a writer on this node can read."""
-        self._fault_dir = Path(tempfile.gettempdir()) / f"syncbn-harness-{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}"
-        self._fault_dir.mkdir(parents=True, exist_ok=True)
+        self._fault_dir = logs.torchrun_folder(os.environ.get("TORCHELASTIC_RUN_ID", "job"))
         self._fault_file = open(self._fault_dir / f"rank{self.rank}.fault", "w")
         faulthandler.enable(file=self._fault_file, all_threads=True)
+
+    def _drop_fault_log(self) -> None:
+        """Stop faulthandler writing to our file and remove it (and the node's folder, once empty)."""
+        faulthandler.disable()
+        self._fault_file.close()
+        for remove in (lambda: (self._fault_dir / f"rank{self.rank}.fault").unlink(), self._fault_dir.rmdir):
+            try:
+                remove()
+            except OSError:
+                pass  # a peer on this node still has its file: the last one out removes the folder
 
     def fault_report(self, rank: int) -> str:
         """What faulthandler wrote for ``rank`` on this node ('' if it is on another node or wrote nothing)."""
@@ -296,43 +238,17 @@ class Job:
             return ""
 
 
-class _Case:
+class _Case(CaseKeys):
     """One running (case, impl) of the job: its keys in the store and the rules for collecting them."""
 
     def __init__(self, job: Job, seq: int, case, impl):
-        self.job, self.seq, self.case, self.impl = job, seq, case, impl
-        self.prefix = f"{PREFIX}{seq}/"
+        super().__init__(job.store, seq, job.world)
+        self.job, self.case, self.impl = job, case, impl
         self.started = time.monotonic()
         self.started_at = assemble.now()
         self.deadline = self.started + job.opts.timeout
         self.returned: Optional[float] = None  # when this rank's task returned
         self.failure_seen: Optional[float] = None
-
-    def _key(self, what: str, rank: Optional[int] = None) -> str:
-        return self.prefix + what + ("" if rank is None else f"/{rank}")
-
-    def claim_record(self) -> bool:
-        """True for the first caller, in the whole job, to write this case's record."""
-        return self.job.store.add(self._key("written"), 1) == 1
-
-    def set(self, what: str, rank: int, value: str) -> None:
-        self.job.store.set(self._key(what, rank), value)
-
-    def get(self, what: str, rank: Optional[int] = None) -> Optional[str]:
-        key = self._key(what, rank)
-        if not self.job.store.check([key]):
-            return None
-        return self.job.store.get(key).decode()
-
-    def set_done(self, value: str) -> None:
-        self.job.store.set(self._key("done"), value)
-
-    def request_dumps(self) -> None:
-        self.job.store.set(self._key("dump-request"), "1")
-
-    def results(self) -> dict[int, Optional[dict]]:
-        return {r: (json.loads(raw) if (raw := self.get("result", r)) is not None else None)
-                for r in range(self.job.world)}
 
     def wait_done(self, stuck: bool, limit: Optional[float] = None) -> Optional[str]:
         """The writer's word on this case ("continue" or "abort"); None after ``limit`` seconds.
@@ -408,13 +324,6 @@ class _Case:
         status, outcomes = attribute(observations, failed_first=failed_first, timeout=self.job.opts.timeout)
         record = assemble.from_outcome(self.case, self.impl, self.job.info, self.job.opts.device,
                                        self.job.opts.resolved_backend,
-                                       _Outcome(status, outcomes, [o.result for o in observations]),
+                                       TaskOutcome(status, outcomes, [o.result for o in observations]),
                                        self.started_at, time.monotonic() - self.started)
         return record, not stuck and status not in (Status.CRASH, Status.HANG)
-
-
-class _Outcome:
-    """The shape :func:`harness.engine.assemble.from_outcome` reads (as the pool's TaskOutcome)."""
-
-    def __init__(self, status, ranks, results):
-        self.status, self.ranks, self.results = status, ranks, results

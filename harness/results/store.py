@@ -98,30 +98,33 @@ class Store:
         """The JSON Lines file of build ``key``."""
         return self.path / f"{key}.jsonl"
 
-    def prepare(self, key: str) -> None:
-        """Check, before a run, that records of build ``key`` can be appended here.
+    def prepare(self, key: str) -> list[Record]:
+        """Check, before a run, that records of build ``key`` can be appended here; return those it holds.
 
         Raises :class:`StoreError` if the directory is not writable or the
-        file holds records of a newer schema (nothing is written then).
+        file holds records of a newer schema (nothing is written then). The
+        records come from the one read the check needs (``run --resume``
+        uses them: the store is read once per run).
         """
         self._ensure_dir()
         target = self.file_for(key)
-        if target in self._checked:
-            return
+        records: list[Record] = []
         if target.exists():
             if not os.access(target, os.W_OK):
                 raise StoreError(f"store file {target} is not writable: fix its permissions or choose another "
                                  "store with --store DIR")
-            read_file(target)  # raises on a newer schema
+            records = read_file(target)  # raises on a newer schema
         self._checked.add(target)
+        return records
 
     def append(self, record: Record) -> Path:
         """Append one record to its build's file, durably (one line, one write, fsync)."""
         from filelock import FileLock, Timeout
 
         key = record_key(record)
-        self.prepare(key)
         target = self.file_for(key)
+        if target not in self._checked:  # checked once per store object, not once per record
+            self.prepare(key)
         d = record.to_dict()
         d["harness_version"] = __version__
         line = (json.dumps(d, sort_keys=True, allow_nan=False) + "\n").encode()

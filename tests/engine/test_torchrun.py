@@ -103,3 +103,28 @@ def test_a_failing_rank_is_recorded_and_attributed_and_the_job_ends(tmp_path, pr
     # The writer printed the run's output (the JSON array) before the job ended.
     printed = [json.loads(out) for out, _ in outs if out.strip().startswith("[")]
     assert [[r["status"] for r in p] for p in printed] == [[status]]
+
+
+@pytest.mark.slow
+def test_compare_runs_under_torchrun_as_in_the_local_pool(tmp_path):
+    """``run --compare A,B`` under torchrun: A's record says how it differs from B, as a local run's does."""
+    case = "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2"
+    store = tmp_path / "store"
+    args = ["run", "--impl", "torch", "--impl", "reference", "--compare", "torch,reference", "--case", case,
+            "--device", "cpu", "--timeout", "120", "--store", str(store), "--format", "json"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0",
+           "-m", "harness", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, start_new_session=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    records = {r["impl"]: r for f in store.glob("*.jsonl") for r in map(json.loads, f.read_text().splitlines())}
+    assert set(records) == {"torch", "reference"}
+    torch_rec = records["torch"]
+    assert torch_rec["compare"] is not None, "the torchrun job ran A without B: --compare was dropped"
+    assert torch_rec["compare"]["with"] == "reference"
+    assert torch_rec["compare"]["max_abs_diff"], torch_rec["compare"]
+    assert records["reference"]["compare"] is None  # only A is compared
+    local = subprocess.run([sys.executable, "-m", "harness", *args[:-2], "--store", str(tmp_path / "local"),
+                            "--format", "json"], capture_output=True, text=True, timeout=600)
+    assert local.returncode == 0, local.stderr[-4000:]
+    [local_torch] = [r for r in json.loads(local.stdout) if r["impl"] == "torch"]
+    assert set(local_torch["compare"]["max_abs_diff"]) == set(torch_rec["compare"]["max_abs_diff"])

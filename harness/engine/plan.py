@@ -1,0 +1,135 @@
+"""One plan per run: what a ``run`` will do, decided once, then executed by the launcher it names.
+
+Protocol: :func:`make_plan` turns a :class:`~harness.selection.Selection`
+and the store options into a :class:`Plan`: the adapters (``--compare``'s
+second implementation included), the run options, the build under test and
+its store key (:func:`store_key`, the one spelling of it), the launcher
+(``local``: this process drives warm pools; ``torchrun``: this process is
+one rank of a job), and, for ``--resume``, the (case, impl) pairs still to
+run. It checks the store before any case runs (a store that cannot take
+this build's records is refused, exit 3) and reads the build's file once:
+the same read gives ``--resume`` what is done and the output what was
+stored. :func:`execute` runs a plan with either launcher, appending each
+record to the store as it finishes; :meth:`Plan.output` is the whole
+selection's records (stored ones first met, in selection order).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from harness.buildinfo import BuildInfo, build_info
+from harness.results.records import Record
+from harness.selection import RunOptions, Selection
+
+LAUNCHERS = ("local", "torchrun")
+
+
+def store_key(info: BuildInfo, opts: RunOptions) -> str:
+    """The store's key for records of this build run with ``opts`` (torch version, commit, device, backend)."""
+    from harness.results.store import build_key
+
+    return build_key(info.torch_version, info.torch_git_version, opts.device, opts.resolved_backend)
+
+
+def under_torchrun() -> bool:
+    """Whether this process was started by torchrun (torch.distributed.run)."""
+    env = os.environ
+    return "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env
+
+
+@dataclass
+class Plan:
+    """A run, decided: what runs, how, and where its records go."""
+
+    cases: list
+    impls: list
+    opts: RunOptions
+    info: BuildInfo
+    key: str
+    launcher: str
+    store_dir: Optional[str] = None
+    resume: bool = False
+    # (case id, impl name) pairs to run; None: every pair of the selection.
+    pairs: Optional[set[tuple[str, str]]] = None
+    # With --resume: the latest stored record of each pair the store already holds.
+    stored: dict[tuple[str, str], Record] = field(default_factory=dict)
+
+    @property
+    def selected(self) -> int:
+        """(case, impl) pairs in the selection."""
+        return len(self.cases) * len(self.impls)
+
+    @property
+    def to_run(self) -> int:
+        """Records this process will produce: the pending pairs; under torchrun, those of the job's world size."""
+        if self.launcher == "torchrun":
+            world = int(os.environ["WORLD_SIZE"])
+            return sum(c.world_size == world for c in self.cases) * len(self.impls)
+        if self.pairs is None:
+            return self.selected
+        return len(self.pairs)
+
+    def output(self, ran: list[Record]) -> list[Record]:
+        """The selection's records, in selection order: those run now, else the stored ones (``--resume``)."""
+        if not self.resume:
+            return ran
+        by_pair = dict(self.stored)
+        by_pair.update({(r.case, r.impl): r for r in ran})
+        return [by_pair[(c.id, i.name)] for c in self.cases for i in self.impls if (c.id, i.name) in by_pair]
+
+
+def make_plan(selection: Selection, *, store_dir: Optional[str], resume: bool = False,
+              compare: Optional[tuple[str, str]] = None, diagnose: bool = True) -> Plan:
+    """The plan of one run of ``selection`` (see the module docstring); refuses a store that cannot take it."""
+    from harness.results.store import Store, latest
+
+    impls = selection.resolve_impls(extra=compare or ())
+    opts = selection.run_options(compare=compare, diagnose=diagnose)
+    info = build_info()
+    plan = Plan(cases=selection.cases, impls=impls, opts=opts, info=info, key=store_key(info, opts),
+                launcher="torchrun" if under_torchrun() else "local", store_dir=store_dir, resume=resume)
+    if store_dir is None or plan.launcher == "torchrun":
+        return plan  # under torchrun the writing rank checks the store as it appends
+    existing = Store(store_dir).prepare(plan.key)
+    if resume:
+        wanted = {(c.id, i.name) for c in plan.cases for i in plan.impls}
+        plan.stored = {(r.case, r.impl): r for r in latest(existing) if (r.case, r.impl) in wanted}
+        plan.pairs = wanted - set(plan.stored)
+    return plan
+
+
+def execute(plan: Plan, on_record: Optional[Callable[[Record], None]] = None,
+            on_abort: Optional[Callable[[list[Record]], None]] = None) -> tuple[list[Record], bool]:
+    """Run ``plan``: its records, each appended to the store as it finishes, and whether this process writes.
+
+    Locally this process drives warm pools and writes every record. Under
+    torchrun it is one rank; only the writing rank gets records (the second
+    value says whether this process is it). ``on_abort`` is called with every
+    record so far when a torchrun job must end early (a rank stuck in a
+    collective); the process then exits 1.
+    """
+    from harness.results.store import Store
+
+    store = Store(plan.store_dir) if plan.store_dir else None
+
+    def emit(rec: Record) -> None:
+        if store is not None:
+            store.append(rec)
+        if on_record:
+            on_record(rec)
+
+    if plan.launcher == "torchrun":
+        from harness.engine import torchrun
+
+        job = torchrun.Job(plan.cases, plan.impls, plan.opts, plan.info)
+        return job.run(emit, on_abort or (lambda records: None)), job.is_writer
+    from harness.engine.session import run_selection
+
+    out = []
+    for rec in run_selection(plan.cases, plan.impls, plan.opts, plan.info, pairs=plan.pairs):
+        emit(rec)
+        out.append(rec)
+    return out, True
