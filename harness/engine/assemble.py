@@ -74,7 +74,7 @@ def from_outcome(case, impl, info: BuildInfo, device: str, backend: str, outcome
                   duration_s=round(duration, 4), started_at=started,
                   impl_version=first.impl_version if first else None, mode=first.mode if first else None,
                   compare=merge_compare(results), desync=desync.to_dict() if desync else None,
-                  compile=merge_compile(results))
+                  compile=merge_compile(results), logs=getattr(outcome, "logs", None))
 
 
 def merge_compare(results: list) -> Optional[dict]:

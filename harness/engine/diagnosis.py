@@ -63,7 +63,7 @@ def evidence(text: str) -> list[str]:
 def diagnose(task, world_size: int, backend: str, device: str, timeout: float) -> dict:
     """Run ``task`` again with collective debugging and say what came out (see the module docstring)."""
     pool = Pool(world_size, backend=backend, device=device, setup_impls=(task.impl,), start_method="spawn",
-                env=DEBUG_ENV)
+                env=DEBUG_ENV, keep_failure_logs=False)
     try:
         outcome = pool.run(task, timeout=timeout)
     except PoolStartError as exc:

@@ -30,18 +30,18 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Optional
 
+from harness.engine import logs
 from harness.engine.attribution import Observation, attribute, describe_exit
 from harness.engine.collectives import read_sink
-from harness.engine.messages import RankResult, Task
+from harness.engine.messages import RankResult, Task, TaskOutcome
 from harness.engine.rank import START_TIMEOUT_S, calls_path, rank_main, timedelta
 from harness.errors import HarnessError
 from harness.paths import START_METHOD, setting
-from harness.results.records import RankOutcome, RankStatus, Status
+from harness.results.records import RankStatus, Status
 
 log = logging.getLogger(__name__)
 
@@ -55,23 +55,16 @@ class PoolStartError(HarnessError):
     """No rank could start (exit 3)."""
 
 
-@dataclass
-class TaskOutcome:
-    """What every rank did with one task: the case's status, each rank's outcome, each rank's answer."""
-
-    status: Status
-    ranks: list[RankOutcome]
-    results: list[Optional[RankResult]]  # each rank's answer, None when it gave none
-
-
 class Pool:
     """``world_size`` rank processes started once; :meth:`run` sends them one task at a time."""
 
     def __init__(self, world_size: int, *, backend: str = "gloo", device: str = "cpu",
                  setup_impls: tuple[str, ...] = (), start_timeout: float = START_TIMEOUT_S,
-                 start_method: Optional[str] = None, env: Optional[dict[str, str]] = None):
+                 start_method: Optional[str] = None, env: Optional[dict[str, str]] = None,
+                 keep_failure_logs: bool = True):
         """``start_method``: forkserver or spawn (default: :func:`start_context`'s choice); ``env``: variables
-        the ranks have from their first instruction on (set before they import torch: use spawn for that)."""
+        the ranks have from their first instruction on (set before they import torch: use spawn for that);
+        ``keep_failure_logs``: a failed task's rank logs are kept in the cache (:mod:`harness.engine.logs`)."""
         self.world_size = world_size
         self.backend = backend
         self.device = device
@@ -79,6 +72,7 @@ class Pool:
         self.start_timeout = start_timeout
         self.start_method = start_method
         self.env = dict(env or {})
+        self.keep_failure_logs = keep_failure_logs
         self.procs: list = []
         self.conns: list = []
         self.logdir: Optional[Path] = None
@@ -157,7 +151,8 @@ class Pool:
         """Tear down at once (after a failure, or on Ctrl-C): SIGKILL every rank still alive, reap all.
 
         The rank logs' folder goes too: what a record needs of it (log tails, stack dumps, collectives) was
-        read into the task's outcome before (``keep_logs``: a start failure, whose error names the folder).
+        read into the task's outcome before. ``keep_logs``: the folder stays (a start failure, whose error names
+        it; a failed task, whose logs :mod:`harness.engine.logs` moves into the cache).
         """
         for proc in self.procs:
             if proc.is_alive():
@@ -220,10 +215,27 @@ class Pool:
             observations[r].collectives = self.calls_of(r)
         status, outcomes = attribute(list(observations.values()), failed_first=first_failure is not None,
                                      timeout=timeout)
+        kept = None
         if status in (Status.ERROR, Status.CRASH, Status.HANG) or any(
                 o.status in (RankStatus.ERROR, RankStatus.CRASH, RankStatus.PEER_FAILED) for o in outcomes):
-            self.kill()  # a rank may be inside a collective: no task can follow on this process group
-        return TaskOutcome(status=status, ranks=outcomes, results=[observations[r].result for r in range(n)])
+            self.kill(keep_logs=True)  # a rank may be inside a collective: no task can follow on this group
+            kept = self._keep_logs()
+        return TaskOutcome(status=status, ranks=outcomes, results=[observations[r].result for r in range(n)],
+                           logs=str(kept) if kept else None)
+
+    def _keep_logs(self) -> Optional[Path]:
+        """Move the rank logs of a failed task into the cache (bounded, :mod:`harness.engine.logs`)."""
+        if self.logdir is None:
+            return None
+        if not self.keep_failure_logs:
+            shutil.rmtree(self.logdir, ignore_errors=True)
+            self.logdir = None
+            return None
+        kept = logs.keep(self.logdir, f"ws{self.world_size}")
+        if kept is None:
+            shutil.rmtree(self.logdir, ignore_errors=True)
+        self.logdir = None
+        return kept
 
     # ------------------------------------------------------------------ helpers
 

@@ -300,3 +300,25 @@ def test_an_empty_store_is_a_usage_error_everywhere(tmp_path, command):
     proc = harness(*command, "--store", str(tmp_path / "empty"), timeout=120, cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "holds no" in proc.stderr and "syncbn-harness run --store" in proc.stderr
+
+
+def test_a_run_leaves_nothing_in_the_temporary_directory(tmp_path):
+    """A run with a pass and a crash: the temporary directory is left as it was found, the crash's rank logs are
+    kept in the cache and named by its record."""
+    from harness.paths import cache_root
+
+    tmp, cache = tmp_path / "tmp", tmp_path / "cache"
+    tmp.mkdir()
+    cache.mkdir()
+    (cache / "kernels").symlink_to(cache_root() / "kernels", target_is_directory=True)  # no rebuild
+    case = "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2"
+    proc = harness("run", "--impl", "reference", "--impl", "probes:SegfaultOnRank1", "--case", case,
+                   "--device", "cpu", "--no-diagnose", "--format", "json", "--store", str(tmp_path / "store"),
+                   env={"TMPDIR": str(tmp), "SYNCBN_HARNESS_CACHE": str(cache)})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    records = {r["impl"]: r for r in json.loads(proc.stdout)}
+    assert records["reference"]["status"] == "pass" and records["reference"]["logs"] is None
+    crash = records["probes:SegfaultOnRank1"]
+    assert crash["status"] == "crash" and Path(crash["logs"]).parent == cache / "logs", crash["logs"]
+    assert (Path(crash["logs"]) / "rank1.log").exists()
+    assert not list(tmp.iterdir()), list(tmp.iterdir())

@@ -150,7 +150,11 @@ def test_pools_leave_no_log_folder_behind_and_crash_records_keep_their_evidence(
     folder goes with the pool, after a pass and after a crash alike (a long search starts hundreds of pools)."""
     import tempfile
 
+    from harness.engine import logs
+
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    kept_root = tmp_path / "cache" / "logs"
+    monkeypatch.setattr(logs, "failure_logs_root", lambda: kept_root)
     records = list(run_selection(catalog.select([CASE, NEXT]), resolve_impls(["probes:SegfaultOnRank1", "reference"]),
                                  RunOptions(timeout=60, diagnose=False)))
     crash = next(r for r in records if r.impl == "probes:SegfaultOnRank1")
@@ -158,3 +162,20 @@ def test_pools_leave_no_log_folder_behind_and_crash_records_keep_their_evidence(
     assert crash.ranks[1].stack_dump  # the log tail was read into the record before the folder went
     assert any(r.status == Status.PASS for r in records if r.impl == "reference")
     assert not list(tmp_path.glob("syncbn-pool-*")), list(tmp_path.iterdir())
+    # The crash's rank logs were moved into the cache, where its record points; the passing case kept none.
+    assert crash.logs and Path(crash.logs).parent == kept_root, crash.logs
+    assert sorted(p.name for p in Path(crash.logs).glob("rank*.log")) == ["rank0.log", "rank1.log"]
+    assert all(r.logs is None for r in records if r.status == Status.PASS)
+
+
+def test_kept_rank_logs_are_bounded(tmp_path):
+    """At most MAX_KEPT failing cases' log folders stay in the cache: the oldest go first."""
+    from harness.engine import logs
+
+    root = tmp_path / "logs"
+    root.mkdir()
+    for i in range(logs.MAX_KEPT + 5):
+        (root / f"old-{i:03d}").mkdir()
+        os.utime(root / f"old-{i:03d}", (1000 + i, 1000 + i))
+    assert logs.prune(root) == 5
+    assert sorted(p.name for p in root.iterdir())[0] == "old-005"
