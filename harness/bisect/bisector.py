@@ -29,22 +29,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Optional
 
-
-class Verdict(str, enum.Enum):
-    """What testing one build said (``check``'s 0, 1 and 125)."""
-
-    GOOD = "good"
-    BAD = "bad"
-    SKIP = "skip"
-
-    @classmethod
-    def from_exit_code(cls, code: int) -> "Verdict":
-        """``git bisect run``'s reading of an exit code: 0 good, 125 skip, 1..127 bad, else skip."""
-        if code == 0:
-            return cls.GOOD
-        if 0 < code < 128 and code != 125:
-            return cls.BAD
-        return cls.SKIP
+from harness.results.verdict import Verdict
 
 
 class Outcome(str, enum.Enum):

@@ -50,20 +50,12 @@ class Evaluation:
 
 
 def verdict_of(records: list[dict]) -> tuple[Verdict, str]:
-    """``check``'s rule over ``run``'s records: bad on any unexpected failure, skip if nothing could run."""
+    """``check``'s rule over ``run``'s records (:func:`harness.results.verdict.judge`): the verdict and why."""
     from harness.results.records import Record
+    from harness.results.verdict import judge
 
-    recs = [Record.from_dict(r) for r in records]
-    if not recs:
-        return Verdict.SKIP, "nothing selected"
-    runnable = [r for r in recs if r.ran]
-    if not runnable:
-        return Verdict.SKIP, "every selected (case, impl) was skipped or unsupported: " + recs[0].message
-    bad = [r for r in runnable if r.failed]
-    if bad:
-        return Verdict.BAD, f"{len(bad)} of {len(runnable)} failed; first: {bad[0].status.value} {bad[0].case} " \
-                            f"[{bad[0].impl}] {bad[0].message}"
-    return Verdict.GOOD, f"{len(runnable)} passed"
+    judgement = judge(Record.from_dict(r) for r in records)
+    return judgement.verdict, judgement.reason
 
 
 def evaluate(python: Path, sel: Selection, store: Path, timeout: float = EVAL_TIMEOUT_S,

@@ -57,9 +57,13 @@ def torch_import_problem() -> str | None:
 
 def check_exit_code(selection) -> int:
     """The verdict of ``check`` as an exit code (see the module docstring)."""
-    bad: list = []
-    not_run: dict[str, str] = {}
-    good = known = 0
+    from harness.results.verdict import Verdict, judge
+
+    records: list = []
+
+    def so_far() -> int:  # a failure already seen stays bad, whatever stopped the run
+        return Verdict.BAD.exit_code if judge(records).verdict is Verdict.BAD else EXIT_UNTESTABLE
+
     try:
         problem = torch_import_problem()
         if problem:
@@ -69,33 +73,28 @@ def check_exit_code(selection) -> int:
 
         impls = selection.resolve_impls()
         for r in run_selection(selection.cases, impls, selection.run_options(diagnose=False)):
-            if not r.ran:
-                not_run.setdefault(f"{r.impl} {r.status.value}", r.message)
-                continue
-            if r.failed:
-                bad.append(r)
+            records.append(r)
+            if r.ran and r.failed:
                 click.echo(f"check: {r.status.value} {r.case} [{r.impl}] {r.message}", err=True)
-            elif r.known:
-                known += 1
+            elif r.ran and r.known:
                 click.echo(f"check: {r.status.value} as known ({r.known_issue.link}) {r.case} [{r.impl}]", err=True)
-            else:
-                good += 1
-        if not (good or known or bad):
-            why = "; ".join(f"{k}: {v}" for k, v in not_run.items())
-            click.echo(f"check: every selected (case, impl) was skipped or unsupported ({why}); cannot test", err=True)
-            return EXIT_UNTESTABLE
-        click.echo(f"check: {good} good, {len(bad)} bad" + (f", {known} failed as known issues (good)" if known
-                                                                else ""), err=True)
-        return 1 if bad else 0
+        judgement = judge(records)
+        if judgement.verdict is Verdict.SKIP:
+            click.echo(f"check: {judgement.reason}; cannot test", err=True)
+        else:
+            known = judgement.known
+            click.echo(f"check: {judgement.passed} good, {len(judgement.bad)} bad"
+                       + (f", {known} failed as known issues (good)" if known else ""), err=True)
+        return judgement.verdict.exit_code
     except Terminated:
         click.echo("check: terminated; cannot test", err=True)
-        return 1 if bad else EXIT_UNTESTABLE
+        return so_far()
     except (HarnessError, click.ClickException) as exc:
         click.echo(f"check: cannot test: {exc}", err=True)
-        return 1 if bad else EXIT_UNTESTABLE
+        return so_far()
     except Exception as exc:  # noqa: BLE001 - a harness failure must never abort a bisect (exit >= 128)
         import traceback
 
         traceback.print_exc()
         click.echo(f"check: harness failure ({type(exc).__name__}: {exc}); cannot test", err=True)
-        return 1 if bad else EXIT_UNTESTABLE
+        return so_far()

@@ -1,6 +1,8 @@
 """Results: records as data, where they are kept, and what is made of them.
 
 - :mod:`~harness.results.records`: statuses, rank outcomes, records, the exit code of a run;
+- :mod:`~harness.results.evidence`: the shapes of a record's compare, desync, diagnosis and compile fields;
+- :mod:`~harness.results.verdict`: good, bad or untestable over a build's records (``check`` and ``bisect``);
 - :mod:`~harness.results.known_issues`: the known-issues file, matched to records;
 - :mod:`~harness.results.store`: the append-only JSON Lines store, one file per build;
 - :mod:`~harness.results.diff`: what changed between two builds;

@@ -16,6 +16,7 @@ from typing import Iterable, Optional
 
 from harness import SCHEMA_VERSION
 from harness.judge.metric import Metric, worst_ratio
+from harness.results import evidence
 
 
 class Status(str, enum.Enum):
@@ -36,6 +37,10 @@ class Status(str, enum.Enum):
 FAILURES = frozenset({Status.MISMATCH, Status.ERROR, Status.CRASH, Status.HANG})
 # Nothing ran: the implementation cannot run the case here, or says it does not support it.
 NOT_RUN = frozenset({Status.SKIPPED, Status.UNSUPPORTED})
+# Every status, worst first: the order reports and tables sort and color by.
+WORST_FIRST = (Status.CRASH, Status.HANG, Status.ERROR, Status.MISMATCH, Status.PASS, Status.UNSUPPORTED,
+               Status.SKIPPED)
+assert set(WORST_FIRST) == set(Status), "WORST_FIRST must order every Status"
 
 
 class RankStatus(str, enum.Enum):
@@ -133,10 +138,12 @@ class Record:
     started_at: str = ""
     host: str = ""
     known_issue: Optional[KnownIssueMatch] = None
-    compare: Optional[dict] = None  # differences with another implementation on the same inputs
-    desync: Optional[dict] = None  # the first collective the ranks of a group disagreed on (judge.desync)
-    diagnosis: Optional[dict] = None  # what a second, debug-enabled run of a crash or hang said
-    compile: Optional[dict] = None  # torch.compile metrics per rank (graphs, breaks, recompiles)
+    # The evidence beyond the status; shapes in harness.results.evidence, checked when a record is read.
+    compare: Optional[evidence.Compare] = None  # differences with another implementation on the same inputs
+    desync: Optional[evidence.Desync] = None  # the first collective the ranks of a group disagreed on
+    diagnosis: Optional[evidence.Diagnosis] = None  # what a second, debug-enabled run of a crash or hang said
+    compile: Optional[evidence.Compile] = None  # torch.compile metrics per rank (graphs, breaks, recompiles)
+    logs: Optional[str] = None  # a failing case's rank logs, kept in the harness cache (bounded)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
@@ -156,6 +163,8 @@ class Record:
         kw["metrics"] = {name: Metric.from_dict(m) for name, m in (kw.get("metrics") or {}).items()}
         if kw.get("known_issue"):
             kw["known_issue"] = KnownIssueMatch.from_dict(kw["known_issue"])
+        for name in evidence.REQUIRED:
+            evidence.check(name, kw.get(name))
         return cls(**kw)
 
     @property

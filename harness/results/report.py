@@ -37,17 +37,19 @@ from typing import Optional, Sequence
 from harness import __version__
 from harness.errors import HarnessError, UsageError
 from harness.results import compile_stats, fingerprint
-from harness.results.records import RankStatus, Record
+from harness.results.records import FAILURES, WORST_FIRST, RankStatus, Record
 from harness.results.store import Store, latest, record_key
 
+# The statuses that fail a run, worst first (from the Status enum).
+FAILING = tuple(s.value for s in WORST_FIRST if s in FAILURES)
 # Worst first: a cell takes the color of its worst status; "known" is a failure the known-issues file expects.
-SEVERITY = ("crash", "hang", "error", "mismatch", "known", "pass", "unsupported", "skipped")
+SEVERITY = FAILING + ("known",) + tuple(s.value for s in WORST_FIRST if s not in FAILURES)
 COLORS = {
     "crash": "#8b0000", "hang": "#6a1b9a", "error": "#d32f2f", "mismatch": "#f57c00", "known": "#5c7080",
     "pass": "#2e7d32", "unsupported": "#9e9e9e", "skipped": "#cfd8dc",
 }
 LEGEND = {"known": "known issue (expected failure)"}
-FAILING = ("mismatch", "error", "crash", "hang")
+assert set(COLORS) == set(SEVERITY), "every status needs a color"
 
 
 class ReportError(HarnessError):
