@@ -23,7 +23,9 @@ variable                        what it sets                                defa
 ==============================  ==========================================  ======================================
 
 Protocol: each function reads its variable when called (never at import),
-so a test or a child process that sets one sees it.
+so a test or a child process that sets one sees it. (``nox -s gpu`` reads
+two more, ``SYNCBN_HARNESS_GPU_OUT`` and ``SYNCBN_HARNESS_GPU_BUDGET_S``, in
+``noxfile.py``: they belong to that session, not to the harness.)
 """
 
 from __future__ import annotations
