@@ -27,7 +27,8 @@ from harness.results.records import Status
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 pytestmark = pytest.mark.usefixtures("support_on_path")
-# The most of its budget (err/tol) any correct implementation uses anywhere; the README states the same bound.
+# The most of its budget (err/tol) any correct implementation uses anywhere; docs/catalog-and-judgement.md
+# states the same bound.
 CORRECT_USE_AT_MOST = 0.5
 
 

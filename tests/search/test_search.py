@@ -1,7 +1,7 @@
 """``search`` with real processes and real gloo: no false alarm, planted defects found and shrunk.
 
 - The reference and the independent float32-accumulating SyncBN raise no finding over generated cases
-  (``SYNCBN_SEARCH_CASES`` of them, 200 by default here: the README states a larger sweep's figures).
+  (``SYNCBN_SEARCH_CASES`` of them, 200 by default here: docs/search.md states a larger sweep's figures).
 - Each defect of ``search_defects`` passes the default selection's layer cases (so only search finds it), and
   search finds it within a budget of cases and shrinks it to a case that keeps what the defect needs and no
   more than a small case has besides.
@@ -26,7 +26,7 @@ from harness.search.explore import Explorer
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("support_on_path")]
 SWEEP = int(os.environ.get("SYNCBN_SEARCH_CASES", "200"))
-# Cases a search may take to first show each planted defect, with seed 0 (measured: see the README).
+# Cases a search may take to first show each planted defect, with seed 0 (measured: see docs/search.md).
 FIND_WITHIN = 400
 
 
