@@ -8,13 +8,17 @@ error, a crash, a hang), the pool moves the folder to
 ``$SYNCBN_HARNESS_CACHE``, see :mod:`harness.paths`) and the record's
 ``logs`` field names it. At most :data:`MAX_KEPT` such folders are kept, the
 oldest removed first (:func:`prune`), so a year of CI or a long search
-cannot fill a disk. A torchrun job's faulthandler files live in
+cannot fill a disk. A pool that cannot start keeps its logs there too (its
+error names the folder). A pool folder's name carries the harness's pid: a
+harness killed with SIGKILL cannot clean up, so the next pool start removes
+the folders whose harness is gone (:func:`sweep_orphans`). A torchrun job's faulthandler files live in
 ``<cache>/torchrun/<run id>/``, pruned the same way.
 """
 
 from __future__ import annotations
 
 import datetime
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -23,6 +27,7 @@ from typing import Optional
 from harness.paths import cache_root, failure_logs_root
 
 MAX_KEPT = 50
+POOL_PREFIX = "syncbn-pool-"  # + <harness pid>-ws<N>-<random>: the folder names its owner
 
 
 def keep(folder: Path, label: str) -> Optional[Path]:
@@ -52,6 +57,35 @@ def prune(root: Path, keep_newest: int = MAX_KEPT, spare: Optional[Path] = None)
         shutil.rmtree(p, ignore_errors=True)
         gone += 1
     return gone
+
+
+def sweep_orphans(tmp: Optional[Path] = None) -> int:
+    """Remove pool folders in the temporary directory whose harness process is gone; how many went.
+
+    A harness killed with SIGKILL cannot remove its pools' folders (its ranks die with it); the next
+    pool start does. A folder whose owner is alive, or whose name names no owner, is left alone.
+    """
+    gone = 0
+    try:
+        candidates = list(Path(tmp or tempfile.gettempdir()).glob(f"{POOL_PREFIX}*-ws*"))
+    except OSError:
+        return 0
+    for folder in candidates:
+        pid = folder.name[len(POOL_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            gone += 1
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: alive, and not ours to clean
+    return True
 
 
 def torchrun_folder(run_id: str) -> Path:

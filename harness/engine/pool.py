@@ -92,7 +92,8 @@ class Pool:
         import torch.distributed as dist
 
         self.close()
-        self.logdir = Path(tempfile.mkdtemp(prefix=f"syncbn-pool-ws{self.world_size}-"))
+        logs.sweep_orphans()  # pools of a harness that was SIGKILLed (its ranks died with it) leave folders
+        self.logdir = Path(tempfile.mkdtemp(prefix=f"{logs.POOL_PREFIX}{os.getpid()}-ws{self.world_size}-"))
         self._store = dist.TCPStore("127.0.0.1", 0, self.world_size + 1, True, wait_for_workers=False,
                                     timeout=timedelta(self.start_timeout))
         ctx = start_context(self.start_method)
@@ -101,8 +102,14 @@ class Pool:
                 self._spawn(ctx)
             self._await_ready()
         except BaseException as exc:
-            # A pool that could not start keeps its rank logs: the error names the folder.
+            # A pool that could not start keeps its rank logs in the cache: the error names the folder.
             self.kill(keep_logs=isinstance(exc, PoolStartError))
+            if isinstance(exc, PoolStartError) and self.logdir is not None:
+                kept = logs.keep(self.logdir, f"ws{self.world_size}-start") if self.keep_failure_logs else None
+                shutil.rmtree(self.logdir, ignore_errors=True)
+                self.logdir = None
+                if kept is not None:
+                    raise PoolStartError(f"{exc}\n(rank logs kept in {kept})") from None
             raise
 
     def _spawn(self, ctx) -> None:
@@ -125,7 +132,7 @@ class Pool:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise PoolStartError(f"ranks {sorted(pending)} did not join the process group within "
-                                     f"{self.start_timeout:.0f}s; see {self.logdir}")
+                                     f"{self.start_timeout:.0f}s")
             for r in self._ready(pending, remaining):
                 msg = self._recv(r)
                 if msg is None:

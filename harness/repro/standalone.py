@@ -20,6 +20,7 @@ import datetime
 import importlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -181,6 +182,7 @@ def spawn_ranks() -> tuple[list[RankResult], list[str]]:
                 results.append(RankResult.from_dict(json.load(f)))
         elif not any(s.startswith(f"rank {r}:") for s in problems):
             problems.append(f"rank {r}: crash (exit code {p.exitcode}, no result)")
+    shutil.rmtree(outdir, ignore_errors=True)  # the results are read: leave nothing behind
     return results, problems
 
 

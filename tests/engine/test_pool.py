@@ -168,6 +168,24 @@ def test_pools_leave_no_log_folder_behind_and_crash_records_keep_their_evidence(
     assert all(r.logs is None for r in records if r.status == Status.PASS)
 
 
+def test_folders_of_a_killed_harness_are_swept_by_the_next_pool(tmp_path):
+    """A SIGKILLed harness cannot remove its pools' folders; the next pool start removes those whose owner is
+    gone, and leaves a live harness's alone."""
+    import subprocess
+    import sys
+
+    from harness.engine import logs
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f"{logs.POOL_PREFIX}{dead.pid}-ws2-abc").mkdir()
+    (tmp_path / f"{logs.POOL_PREFIX}{os.getpid()}-ws2-def").mkdir()
+    (tmp_path / "unrelated").mkdir()
+    assert logs.sweep_orphans(tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{logs.POOL_PREFIX}{os.getpid()}-ws2-def",
+                                                                 "unrelated"])
+
+
 def test_kept_rank_logs_are_bounded(tmp_path):
     """At most MAX_KEPT failing cases' log folders stay in the cache: the oldest go first."""
     from harness.engine import logs
