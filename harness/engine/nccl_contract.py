@@ -66,6 +66,7 @@ def _flat_views(output, input, world_size: int) -> list:
 
 @functools.lru_cache(maxsize=None)
 def _group_class():
+    import torch
     import torch.distributed as dist
 
     class NcclContractGroup(dist.ProcessGroup):
@@ -80,6 +81,17 @@ def _group_class():
 
         def _get_backend_name(self) -> str:
             return NAME
+
+        @property
+        def group_name(self) -> str:
+            # torch names a group it creates itself (_set_group_name), but not one a backend's creator returns
+            # whole, as this one is; it still records the name, which dynamo asks for when it traces a group.
+            from torch.distributed.distributed_c10d import _world
+
+            name = _world.pg_names.get(self)
+            if name is None:
+                raise RuntimeError(f"{NAME}: this process group has no name yet")
+            return name
 
         def _allgather_base(self, output, input, opts=None):
             views = _flat_views(output, input, self.size())
@@ -97,6 +109,13 @@ def _group_class():
 
     for name in DELEGATED:
         setattr(NcclContractGroup, name, _delegate(name))
+    # torch.compile sees a C++ process group as opaque and breaks the graph at its collectives; this one's
+    # methods are Python, which dynamo would trace into and reject. Kept out of tracing, they behave as
+    # NCCL's do under compile.
+    disable = getattr(getattr(torch, "_dynamo", None), "disable", None)
+    if disable is not None:
+        for name in (*DELEGATED, "_allgather_base", "all_gather_single", "allgather_into_tensor_coalesced"):
+            setattr(NcclContractGroup, name, disable(getattr(NcclContractGroup, name)))
     return NcclContractGroup
 
 

@@ -51,3 +51,18 @@ def test_the_flat_gather_refuses_what_nccl_refuses():
     assert [tuple(v.shape) for v in views] == [(5,), (5,)]
     empty = _flat_views(torch.empty(0), torch.zeros(0), 3)
     assert [v.numel() for v in empty] == [0, 0, 0]
+
+
+@pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2.0")
+def test_compiled_cases_run_over_the_contract_backend_as_over_gloo():
+    """torch.compile over an nccl-contract group: dynamo asks the group its name and must not trace into its
+    Python collectives (a C++ group is opaque to it); the case then passes as it does over gloo."""
+    from harness import catalog
+    from harness.engine.session import RunOptions, resolve_impls, run_selection
+    from harness.results.records import Status
+
+    case = "compile/layer/eager/breaks-allowed/auto-dynamic/ws2"
+    for backend in ("gloo", NAME):
+        [record] = run_selection(catalog.select([case]), resolve_impls(["reference"]),
+                                 RunOptions(backend=backend, timeout=300, diagnose=False))
+        assert record.status == Status.PASS, f"{backend}: {record.message}"
