@@ -12,7 +12,7 @@ cannot fill a disk. A pool that cannot start keeps its logs there too (its
 error names the folder). A pool folder's name carries the harness's pid: a
 harness killed with SIGKILL cannot clean up, so the next pool start removes
 the folders whose harness is gone (:func:`sweep_orphans`). A torchrun job's faulthandler files live in
-``<cache>/torchrun/<run id>/``, pruned the same way.
+``<cache>/torchrun/<run id>-agent<pid>/`` (one per job and node), pruned the same way.
 """
 
 from __future__ import annotations

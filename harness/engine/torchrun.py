@@ -50,6 +50,7 @@ from harness.engine.torchrun_protocol import (DEAD_AFTER_S, DUMP_GRACE_S, HEARTB
 from harness.results.records import RankStatus, Record, Status
 
 # faulthandler's words for fatal signals -> the signal's name
+LEAVE_WAIT_S = 15.0  # at the end of a job that went well, how long a rank waits for the others to leave
 FATAL = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
          "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
 
@@ -70,6 +71,8 @@ class Job:
         self._abort: Callable[[list[Record]], None] = lambda rs: None
         self._fault_dir: Optional[Path] = None
         self.terminating = False  # torchrun is stopping the job (SIGTERM): finish the case in flight at once
+        self._stop = threading.Event()  # set when every case ran: the helper threads end
+        self._threads: list[threading.Thread] = []
 
     @property
     def is_writer(self) -> bool:
@@ -94,12 +97,16 @@ class Job:
             self.store = _get_default_store()
             self.heartbeats = Heartbeats(self.store, self.world)
             self._fault_log()
-            threading.Thread(target=self._beat, name="syncbn-heartbeat", daemon=True).start()
-            threading.Thread(target=self._watchdog, name="syncbn-watchdog", daemon=True).start()
+            self._threads = [threading.Thread(target=self._beat, name="syncbn-heartbeat", daemon=True),
+                             threading.Thread(target=self._watchdog, name="syncbn-watchdog", daemon=True)]
+            for t in self._threads:
+                t.start()
             self._main()
             self._drop_fault_log()  # every case ran: nothing of this job needs the file
+            self._stop_threads()
         finally:
             dist.destroy_process_group()
+        self._leave_together()
         return self.records
 
     # ------------------------------------------------------------------ the main thread
@@ -137,9 +144,29 @@ class Job:
                     os._exit(1)
                 with self._lock:
                     self._case = None
+        # Every rank waits for every other to finish its cases before any tears down.
         self.store.set(f"{PREFIX}end/{self.rank}", "1")
-        if self.is_writer:
-            self.store.wait([f"{PREFIX}end/{r}" for r in range(self.world)], timedelta(self.opts.timeout + 60))
+        self.store.wait([f"{PREFIX}end/{r}" for r in range(self.world)], timedelta(self.opts.timeout + 60))
+
+    def _stop_threads(self) -> None:
+        """Stop the heartbeat and the watchdog: nothing is in flight, and they must not touch the store as the
+        job tears down (a store call failing in a thread at interpreter exit aborts the process)."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=2 * HEARTBEAT_S + 1)
+
+    def _leave_together(self) -> None:
+        """After its process group is destroyed, each rank says so and waits (briefly) for all the others.
+
+        The job's key-value store lives in the agent of the first node, which exits once its own workers
+        have: without this, a worker on another node could still be tearing down against a store that is
+        gone, and die of it after a job that succeeded.
+        """
+        try:
+            self.store.set(f"{PREFIX}gone/{self.rank}", "1")
+            self.store.wait([f"{PREFIX}gone/{r}" for r in range(self.world)], timedelta(LEAVE_WAIT_S))
+        except Exception:  # noqa: BLE001 - a peer already gone with the store: nothing left to wait for
+            pass
 
     def _exchange_availability(self) -> dict[str, str]:
         """Implementations any rank cannot run are skipped on every rank (with that rank's reason)."""
@@ -180,7 +207,7 @@ class Job:
 
     def _beat(self) -> None:
         """Bump our heartbeat and watch everyone's, four times a second, whatever the other threads do."""
-        while True:
+        while not self._stop.is_set():
             try:
                 self.heartbeats.beat(self.rank)
                 self.heartbeats.alive()
@@ -190,7 +217,7 @@ class Job:
 
     def _watchdog(self) -> None:
         """Act for the main thread when it cannot: past the deadline, after a peer's failure, on SIGTERM."""
-        while True:
+        while not self._stop.is_set():
             try:
                 terminated = signal.sigtimedwait({signal.SIGTERM}, HEARTBEAT_S) is not None
                 with self._lock:
@@ -216,7 +243,10 @@ class Job:
 
     def _fault_log(self) -> None:
         """faulthandler writes a crash's report to a file per rank, which a writer on this node can read."""
-        self._fault_dir = logs.torchrun_folder(os.environ.get("TORCHELASTIC_RUN_ID", "job"))
+        # One folder per job and node: the ranks of a node share their agent (their parent process), and two
+        # jobs on one machine may share a run id (c10d's default is "none").
+        job = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}-agent{os.getppid()}"
+        self._fault_dir = logs.torchrun_folder(job)
         self._fault_file = open(self._fault_dir / f"rank{self.rank}.fault", "w")
         faulthandler.enable(file=self._fault_file, all_threads=True)
 
