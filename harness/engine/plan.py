@@ -24,9 +24,6 @@ from harness.buildinfo import BuildInfo, build_info
 from harness.results.records import Record
 from harness.selection import RunOptions, Selection
 
-LAUNCHERS = ("local", "torchrun")
-
-
 def store_key(info: BuildInfo, opts: RunOptions) -> str:
     """The store's key for records of this build run with ``opts`` (torch version, commit, device, backend)."""
     from harness.results.store import build_key

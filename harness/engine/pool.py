@@ -104,10 +104,8 @@ class Pool:
         except BaseException as exc:
             # A pool that could not start keeps its rank logs in the cache: the error names the folder.
             self.kill(keep_logs=isinstance(exc, PoolStartError))
-            if isinstance(exc, PoolStartError) and self.logdir is not None:
-                kept = logs.keep(self.logdir, f"ws{self.world_size}-start") if self.keep_failure_logs else None
-                shutil.rmtree(self.logdir, ignore_errors=True)
-                self.logdir = None
+            if isinstance(exc, PoolStartError):
+                kept = self._keep_logs(f"ws{self.world_size}-start")
                 if kept is not None:
                     raise PoolStartError(f"{exc}\n(rank logs kept in {kept})") from None
             raise
@@ -226,22 +224,21 @@ class Pool:
         if status in (Status.ERROR, Status.CRASH, Status.HANG) or any(
                 o.status in (RankStatus.ERROR, RankStatus.CRASH, RankStatus.PEER_FAILED) for o in outcomes):
             self.kill(keep_logs=True)  # a rank may be inside a collective: no task can follow on this group
-            kept = self._keep_logs()
+            kept = self._keep_logs(f"ws{self.world_size}")
         return TaskOutcome(status=status, ranks=outcomes, results=[observations[r].result for r in range(n)],
                            logs=str(kept) if kept else None)
 
-    def _keep_logs(self) -> Optional[Path]:
-        """Move the rank logs of a failed task into the cache (bounded, :mod:`harness.engine.logs`)."""
-        if self.logdir is None:
+    def _keep_logs(self, label: str) -> Optional[Path]:
+        """Move the rank logs of a failure into the cache (bounded, :mod:`harness.engine.logs`); where they went.
+
+        None when this pool keeps none (``keep_failure_logs``) or they could not be moved: then they are removed.
+        """
+        folder, self.logdir = self.logdir, None
+        if folder is None:
             return None
-        if not self.keep_failure_logs:
-            shutil.rmtree(self.logdir, ignore_errors=True)
-            self.logdir = None
-            return None
-        kept = logs.keep(self.logdir, f"ws{self.world_size}")
+        kept = logs.keep(folder, label) if self.keep_failure_logs else None
         if kept is None:
-            shutil.rmtree(self.logdir, ignore_errors=True)
-        self.logdir = None
+            shutil.rmtree(folder, ignore_errors=True)
         return kept
 
     # ------------------------------------------------------------------ helpers

@@ -45,8 +45,7 @@ from harness.engine.attribution import Observation, attribute, stacks_now
 from harness.engine.collectives import install_recorder
 from harness.engine.messages import RankResult, TaskOutcome
 from harness.engine.rank import RankContext, run_task, timedelta, use_inductor_cache
-from harness.engine.torchrun_protocol import (DEAD_AFTER_S, DUMP_GRACE_S, HEARTBEAT_S, PEER_GRACE_S, POLL_S, PREFIX,
-                                              CaseKeys, Heartbeats, exchange)
+from harness.engine.torchrun_protocol import (DEAD_AFTER_S, DUMP_GRACE_S, HEARTBEAT_S, PEER_GRACE_S, POLL_S, CaseKeys, Heartbeats, exchange)
 from harness.results.records import RankStatus, Record, Status
 
 # faulthandler's words for fatal signals -> the signal's name
@@ -145,8 +144,7 @@ class Job:
                 with self._lock:
                     self._case = None
         # Every rank waits for every other to finish its cases before any tears down.
-        self.store.set(f"{PREFIX}end/{self.rank}", "1")
-        self.store.wait([f"{PREFIX}end/{r}" for r in range(self.world)], timedelta(self.opts.timeout + 60))
+        exchange(self.store, "end", self.rank, self.world, "1", self.opts.timeout + 60)
 
     def _stop_threads(self) -> None:
         """Stop the heartbeat and the watchdog: nothing is in flight, and they must not touch the store as the
@@ -163,8 +161,7 @@ class Job:
         gone, and die of it after a job that succeeded.
         """
         try:
-            self.store.set(f"{PREFIX}gone/{self.rank}", "1")
-            self.store.wait([f"{PREFIX}gone/{r}" for r in range(self.world)], timedelta(LEAVE_WAIT_S))
+            exchange(self.store, "gone", self.rank, self.world, "1", LEAVE_WAIT_S)
         except Exception:  # noqa: BLE001 - a peer already gone with the store: nothing left to wait for
             pass
 

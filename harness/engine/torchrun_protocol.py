@@ -13,7 +13,8 @@ stuck in the implementation's collective cannot block them. Keys live under
     <n>/dump-request        a failure was seen: every rank whose task has not returned posts silent/<r>
     <n>/written             a counter: the first to add 1 writes the case's record (no record twice)
     <n>/done                "continue" (the next case may start) or "abort" (the job ends)
-    end/<r>                 rank r ran every case; the writer waits for all before the group is destroyed
+    end/<r>                 rank r ran every case; every rank waits for all before the group is destroyed
+    gone/<r>                rank r destroyed its group; every rank waits (briefly) for all before it exits
 
 Protocol: :class:`Heartbeats` over the whole job, one :class:`CaseKeys` per
 case (numbered from 1 in the order every rank runs them), and

@@ -35,7 +35,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional
 
 from harness import SCHEMA_VERSION, __version__
 from harness.errors import HarnessError, UsageError
@@ -305,16 +305,6 @@ def _record(d: dict, path: Path, where: int) -> Record:
     except (KeyError, TypeError, ValueError) as exc:
         raise StoreError(f"{path}: record {where} is not a syncbn-harness record ({type(exc).__name__}: {exc})") \
             from None
-
-
-def completed(records: Iterable[Record]) -> set[tuple[str, str]]:
-    """(case, impl) pairs already stored, for ``--resume``."""
-    return {(r.case, r.impl) for r in records}
-
-
-def pending(case_ids: Sequence[str], impl_names: Sequence[str], done: set[tuple[str, str]]) -> list[tuple[str, str]]:
-    """(case, impl) pairs of a selection that ``done`` does not hold, in run order."""
-    return [(c, i) for c in case_ids for i in impl_names if (c, i) not in done]
 
 
 def latest(records: Iterable[Record]) -> list[Record]:
