@@ -45,7 +45,8 @@ from harness.engine.attribution import Observation, attribute, stacks_now
 from harness.engine.collectives import install_recorder
 from harness.engine.messages import RankResult, TaskOutcome
 from harness.engine.rank import RankContext, run_task, timedelta, use_inductor_cache
-from harness.engine.torchrun_protocol import (DEAD_AFTER_S, DUMP_GRACE_S, HEARTBEAT_S, PEER_GRACE_S, POLL_S, CaseKeys, Heartbeats, exchange)
+from harness.engine.torchrun_protocol import (DEAD_AFTER_S, DUMP_GRACE_S, HEARTBEAT_S, PEER_GRACE_S, POLL_S,
+                                              CaseKeys, Heartbeats, exchange)
 from harness.results.records import RankStatus, Record, Status
 
 # faulthandler's words for fatal signals -> the signal's name
