@@ -20,6 +20,8 @@ variable                        what it sets                                defa
                                 (``module`` or ``function``)
 ``SYNCBN_HARNESS_PORTABLE``     ``1``: build the kernels without this       unset (native ISA flags)
                                 CPU's ISA flags
+``SYNCBN_HARNESS_CHECK_WORKER`` internal: set by ``check`` for the worker   unset
+                                process it runs the cases in
 ==============================  ==========================================  ======================================
 
 Protocol: each function reads its variable when called (never at import),
@@ -39,6 +41,7 @@ STORE = "SYNCBN_HARNESS_STORE"
 REPORTS = "SYNCBN_HARNESS_REPORTS"
 FOUND = "SYNCBN_HARNESS_FOUND"
 START_METHOD = "SYNCBN_HARNESS_START_METHOD"
+CHECK_WORKER = "SYNCBN_HARNESS_CHECK_WORKER"
 TORCH_PATH = "SYNCBN_HARNESS_TORCH_PATH"
 PORTABLE = "SYNCBN_HARNESS_PORTABLE"
 

@@ -324,6 +324,16 @@ def _compile(spec: BuildSpec, *, verbose: bool) -> None:
         raise KernelBuildError(f"the build finished but {spec.library} is missing; delete {spec.directory} and retry")
 
 
+def load_if_built() -> Path | None:
+    """Load the default build when it exists already (never compiles); its library, or None."""
+    if _default:
+        return _default[0]
+    spec = default_spec()
+    if not spec.library.exists():
+        return None
+    return load()
+
+
 def load() -> Path:
     """Make ``torch.ops.syncbn_ref`` usable in this process (builds once per torch build); cheap after the first call.
 

@@ -54,6 +54,17 @@ def selection_options(fn=None, *, timeout: bool = True):
     return wrapper
 
 
+def start_ranks_early(selection: Selection) -> None:
+    """Start the forkserver the ranks fork from now, before this process imports torch, so that both import it
+    at once (see :mod:`harness.engine.forkserver`); for the commands that run cases, first thing."""
+    from harness.engine import forkserver
+    from harness.engine.plan import under_torchrun
+
+    if under_torchrun():  # torchrun's workers are the ranks: no pool
+        return
+    forkserver.prewarm(dynamo=forkserver.needs_dynamo(selection.case_patterns))
+
+
 def store_option(help_text: str = "Results store directory (default: $SYNCBN_HARNESS_STORE or ./results)."):
     return click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None, help=help_text)
 

@@ -7,7 +7,7 @@ import sys
 import click
 
 from harness.commands import cli
-from harness.commands._options import growth_options, selection_options, store_option
+from harness.commands._options import growth_options, selection_options, start_ranks_early, store_option
 
 
 @cli.command()
@@ -38,6 +38,8 @@ def gate(baseline_path, store_dir, selection, growth, growth_floor, allow_missin
     build's records in the store (--impl and --case filter them, --device and --backend pick the build);
     otherwise the selection runs now.
     """
+    if not store_dir:
+        start_ranks_early(selection)
     from harness.results import gate as gate_mod
     from harness.results import junit as junit_xml
     from harness.results.diff import GrowthRule

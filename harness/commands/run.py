@@ -9,7 +9,7 @@ import sys
 import click
 
 from harness.commands import cli
-from harness.commands._options import default_store, selection_options, store_option
+from harness.commands._options import default_store, selection_options, start_ranks_early, store_option
 
 
 @cli.command()
@@ -32,6 +32,7 @@ def run(selection, store_dir, resume, fmt, junit, compare, verbose, no_diagnose)
     Exit 0 when nothing failed unexpectedly (known issues do not count), 1 on any mismatch, error, crash or hang
     that is not a known issue, 2 on a usage error, 3 when the harness could not work.
     """
+    start_ranks_early(selection)
     from harness.engine.plan import execute, make_plan
     from harness.errors import Terminated
     from harness.results.progress import Progress, wanted

@@ -128,6 +128,9 @@ class DynamoLog:
         """Forget every compiled frame and counter of earlier cases (their cache entries would be reused)."""
         import torch._dynamo
 
+        from harness.engine import nccl_contract
+
+        nccl_contract.hide_from_dynamo()
         torch._dynamo.reset()
         from torch._dynamo import utils
 

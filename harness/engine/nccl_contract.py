@@ -29,6 +29,7 @@ Protocol: call :func:`register` in a process before
 from __future__ import annotations
 
 import functools
+import sys
 
 NAME = "nccl-contract"
 
@@ -66,7 +67,6 @@ def _flat_views(output, input, world_size: int) -> list:
 
 @functools.lru_cache(maxsize=None)
 def _group_class():
-    import torch
     import torch.distributed as dist
 
     class NcclContractGroup(dist.ProcessGroup):
@@ -109,14 +109,35 @@ def _group_class():
 
     for name in DELEGATED:
         setattr(NcclContractGroup, name, _delegate(name))
-    # torch.compile sees a C++ process group as opaque and breaks the graph at its collectives; this one's
-    # methods are Python, which dynamo would trace into and reject. Kept out of tracing, they behave as
-    # NCCL's do under compile.
-    disable = getattr(getattr(torch, "_dynamo", None), "disable", None)
-    if disable is not None:
-        for name in (*DELEGATED, "_allgather_base", "all_gather_single", "allgather_into_tensor_coalesced"):
-            setattr(NcclContractGroup, name, disable(getattr(NcclContractGroup, name)))
+    if "torch._dynamo" in sys.modules:
+        _hide_from_dynamo(NcclContractGroup)
     return NcclContractGroup
+
+
+# Methods of the group that dynamo must not trace (see hide_from_dynamo).
+UNTRACED = (*DELEGATED, "_allgather_base", "all_gather_single", "allgather_into_tensor_coalesced")
+
+
+def _hide_from_dynamo(cls) -> None:
+    import torch._dynamo
+
+    if getattr(cls, "_hidden_from_dynamo", False):
+        return
+    for name in UNTRACED:
+        setattr(cls, name, torch._dynamo.disable(getattr(cls, name)))
+    cls._hidden_from_dynamo = True
+
+
+def hide_from_dynamo() -> None:
+    """Keep the group's methods out of dynamo's tracing (idempotent; call before compiling).
+
+    torch.compile sees a C++ process group as opaque and breaks the graph at its collectives; this one's
+    methods are Python, which dynamo would trace into and reject. Kept out of tracing, they behave as
+    NCCL's do under compile. Done here on demand, not when the group is made, because importing dynamo
+    costs a rank more than a second that a case without compile or optimizers never needs.
+    """
+    if _registered:
+        _hide_from_dynamo(_group_class())
 
 
 def create(store, rank: int, size: int, timeout):

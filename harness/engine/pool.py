@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing as mp
 import os
 import signal
 import shutil
@@ -35,12 +34,12 @@ from pathlib import Path
 from typing import Optional
 
 from harness.engine import logs
+from harness.engine.forkserver import start_context
 from harness.engine.attribution import Observation, attribute, describe_exit
 from harness.engine.collectives import read_sink
 from harness.engine.messages import RankResult, Task, TaskOutcome
 from harness.engine.rank import START_TIMEOUT_S, calls_path, rank_main, timedelta
 from harness.errors import HarnessError
-from harness.paths import START_METHOD, setting
 from harness.results.records import RankStatus, Status
 
 log = logging.getLogger(__name__)
@@ -297,30 +296,6 @@ class Pool:
 
 
 # What a rank imports anyway, imported once in the forkserver so that every fork has it already.
-PRELOAD = ("harness.engine.rank", "harness.scenarios.layer", "harness.scenarios.model", "harness.impls.reference",
-           "harness.impls.torch_native", "harness.impls.torch_emulation", "harness.impls.apex",
-           "harness.impls.plugin", "torch.distributed.nn.functional",
-           "torch.fx.experimental.symbolic_shapes")  # the first backward imports it (and sympy): 0.8 s
-
-
-def start_context(method: Optional[str] = None):
-    """How rank processes are started: forked from a forkserver that has torch imported, where there is one.
-
-    Restarting a pool after a failure (a crash, a hang) then costs a fork per rank, not a new interpreter
-    importing torch (seconds of CPU per rank on a small machine). ``SYNCBN_HARNESS_START_METHOD=spawn``
-    forces fresh interpreters. Either way a rank gets the parent's environment of the moment (not the
-    forkserver's), see :func:`harness.engine.rank.rank_main`.
-    """
-    method = method or setting(START_METHOD) or (
-        "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-    if method not in ("forkserver", "spawn"):
-        raise HarnessError(f"SYNCBN_HARNESS_START_METHOD={method!r}: use forkserver or spawn")
-    ctx = mp.get_context(method)
-    if method == "forkserver":
-        ctx.set_forkserver_preload(list(PRELOAD))
-    return ctx
-
-
 @contextlib.contextmanager
 def _environment(env: dict[str, str]):
     """``env`` set in this process while ranks are started (a spawned rank inherits it at exec), then undone."""

@@ -22,7 +22,7 @@ import time
 from typing import Iterator, Optional
 
 from harness.buildinfo import BuildInfo, build_info
-from harness.engine import admission, assemble
+from harness.engine import admission, assemble, forkserver
 from harness.engine.admission import gpu_shortage  # noqa: F401 - re-exported for callers of this module
 from harness.engine.diagnosis import diagnose
 from harness.engine.pool import Pool
@@ -104,6 +104,7 @@ def run_selection(cases: list, impls: list, opts: RunOptions, info: Optional[Bui
 
     ``pairs``: only these (case id, impl name) pairs (``--resume`` runs what the store lacks).
     """
+    forkserver.prewarm(dynamo=any(forkserver.case_needs_dynamo(c) for c in cases))
     session = Session(impls, opts, info)
     by_pool: dict[tuple[int, str], list] = {}
     for case in cases:

@@ -115,7 +115,9 @@ def test_failed_build_and_killed_check_mean_skip(tmp_path):
     proc = subprocess.run([str(killed)], cwd=repo, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 125, proc.stderr
     log = Path(str(killed) + ".log").read_text()
-    assert "step=check exit=-9" in log and "step=verdict exit=125" in log
+    # check runs the cases in a worker process: the kill is the worker's, and check says 125 itself
+    assert "step=check exit=125" in log and "step=verdict exit=125" in log
+    assert "running the cases killed the check's worker process (SIGKILL)" in proc.stderr + log
 
 
 def test_bisect_script_command_writes_an_executable_script(tmp_path):

@@ -65,9 +65,10 @@ def _all_children(pid: int) -> set[int]:
 
 
 def rank_processes(parent: int) -> set[int]:
-    """The rank processes of ``parent``: spawned children, or children of its multiprocessing forkserver."""
+    """The rank processes of ``parent``: spawned children, or children of a multiprocessing forkserver below it
+    (at any depth: ``check`` runs its cases in a worker process, whose forkserver forks the ranks)."""
     out = {pid for pid in children_of(parent) if b"spawn_main" in _cmdline(pid)}
-    for server in _all_children(parent):
+    for server in descendants(parent):
         if b"multiprocessing.forkserver" in _cmdline(server):
             out |= _all_children(server)
     return out
