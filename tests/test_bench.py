@@ -19,3 +19,55 @@ def test_pool_benchmark_reports_a_ratio():
     # fresh process group (spawn, import torch, rendezvous each time). Measured at 176x with 300 cases.
     assert figures["speedup"] > 2, figures
     assert lines[-1] == f"speed-up: {figures['speedup']:.0f}x"
+
+
+def test_every_command_of_bench_run_parses_with_this_cli(tmp_path):
+    """A figure whose command line this CLI refuses would only show up as a failed bench, at the end of it."""
+    import click
+
+    from harness import bench_commands
+    from harness.commands import cli, load_commands
+    from harness.commands.bench import FIGURE_NAMES
+
+    assert FIGURE_NAMES == bench_commands.FIGURES
+    load_commands()
+    for name in bench_commands.FIGURES:
+        args = [a.replace("{store}", str(tmp_path)) for a in bench_commands.figure_args(name)]
+        command = cli.commands[args[0]]
+        with click.Context(command) as ctx:  # parsing only: nothing runs
+            command.parse_args(ctx, args[1:])
+
+
+def test_every_scaling_implementation_resolves(monkeypatch):
+    from harness import bench_commands
+    from harness.impls import resolve_impls
+
+    assert len(bench_commands.SCALING_IMPLS) == 10
+    assert [i.name for i in resolve_impls(list(bench_commands.SCALING_IMPLS))] == list(bench_commands.SCALING_IMPLS)
+
+
+@pytest.mark.slow
+def test_bench_run_times_this_tree_against_an_exported_commit(tmp_path):
+    """Against HEAD of this checkout: the commit is exported, run from there (not from this tree), removed."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from harness import bench_commands
+
+    root = bench_commands.repository_root(bench_commands.Path(bench_commands.__file__).parent)
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    tree = bench_commands.export_baseline(root, "HEAD", tmp_path)
+    probe = subprocess.run([sys.executable, "-c", "import harness, harness.kernels, harness.cases; "
+                            "print(harness.__file__, harness.kernels.__file__, harness.cases.__file__)"],
+                           env={**bench_commands.os.environ, **tree.env}, cwd=tmp_path, capture_output=True, text=True,
+                           timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    assert all(p.startswith(str(tree.root)) for p in probe.stdout.split()), probe.stdout
+    lines: list[str] = []
+    before = set(bench_commands.Path(tempfile.gettempdir()).glob("syncbn-bench-*"))
+    rows = bench_commands.bench_run("HEAD", ("startup",), repeat=1, warmup=False, echo=lines.append)
+    assert rows[0]["figure"] == "startup" and rows[0]["ratio"] > 0
+    assert lines[1].startswith("startup") and "ratio" in lines[1]
+    assert set(bench_commands.Path(tempfile.gettempdir()).glob("syncbn-bench-*")) == before

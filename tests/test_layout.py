@@ -33,7 +33,7 @@ LAYERS = [
     ("engine",),                     # pools, ranks, torchrun, attribution, the run plan
     ("repro",),                      # standalone repro files
     ("search", "bisect"),            # exploring the case space; bisecting builds
-    ("bench",),                      # benchmarks on CPU
+    ("bench", "bench_commands"),     # benchmarks on CPU; whole commands against a baseline commit
     ("bench_cuda",),                 # benchmarks of the CUDA kernels (the CPU ones' machinery)
     ("commands",),                   # the command line
     ("__main__",),                   # ``python -m harness``

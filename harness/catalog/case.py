@@ -242,21 +242,24 @@ def materialize(case: Case) -> CaseData:
         for n, sp in zip(case.sizes_at(s), case.spatial):
             shape = (n, C, *sp)
             bshape = (1, C) + (1,) * len(sp)
-            z = torch.randn(shape, generator=gen, dtype=torch.float64)
-            x = case.input_mean + case.input_scale * (chan_off.view(bshape) + chan_scale.view(bshape) * z)
+            # input_mean + input_scale * (chan_off + chan_scale * z), computed in place (the same operations
+            # on the same values: bitwise the tensor the expression gives, without its four temporaries)
+            x = torch.randn(shape, generator=gen, dtype=torch.float64)
+            x.mul_(chan_scale.view(bshape)).add_(chan_off.view(bshape)).mul_(case.input_scale)
+            x.add_(case.input_mean)
             for c in case.constant_channels:
                 x[:, c] = case.input_mean + case.input_scale * float(chan_off[c])
             g = torch.randn(shape, generator=gen, dtype=torch.float64)
-            xs.append(_layout(x.to(dtype), fmt))
-            gs.append(_layout(g.to(dtype), gfmt))
+            xs.append(_cast(x, dtype, fmt))
+            gs.append(_cast(g, dtype, gfmt))
         inputs.append(xs)
         grads.append(gs)
     return CaseData(inputs, grads, weight, bias, running_mean, running_var)
 
 
-def _layout(t: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
-    if fmt is torch.channels_last and t.dim() != 4:
-        return t.contiguous()
-    if fmt is torch.channels_last_3d and t.dim() != 5:
-        return t.contiguous()
-    return t.contiguous(memory_format=fmt)
+def _cast(t: torch.Tensor, dtype: torch.dtype, fmt: torch.memory_format) -> torch.Tensor:
+    """``t`` rounded to ``dtype`` in layout ``fmt``, in one copy (``_layout(t.to(dtype), fmt)`` takes two)."""
+    if fmt is torch.channels_last and t.dim() != 4 or fmt is torch.channels_last_3d and t.dim() != 5:
+        fmt = torch.contiguous_format
+    out = torch.empty_like(t, dtype=dtype, memory_format=fmt)
+    return out.copy_(t)

@@ -1,4 +1,4 @@
-"""``syncbn-harness bench kernels|pool``: benchmarks with in-run baselines."""
+"""``syncbn-harness bench kernels|pool|run``: benchmarks with in-run baselines."""
 
 from __future__ import annotations
 
@@ -7,6 +7,10 @@ import json
 import click
 
 from harness.commands import cli
+
+# The figures of `bench run` (harness.bench_commands.FIGURES), named here so that --help needs no import.
+FIGURE_NAMES = ("startup", "check-one", "run-one", "layer", "ddp", "compile", "default", "impls-1", "impls-3",
+                "impls-10")
 
 
 @cli.group()
@@ -57,3 +61,24 @@ def require_gpu() -> None:
         build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
         raise UsageError(f"--device cuda: torch {torch.__version__} ({build}) sees no CUDA device here; run it on a "
                          "machine with a GPU and a CUDA build of torch (`nox -s gpu` does), or use --device cpu")
+
+
+@bench.command("run")
+@click.option("--baseline", metavar="REF", default=None,
+              help="A commit of this checkout to measure in the same sitting (each figure is then a ratio: this "
+                   "tree's time over the baseline's).")
+@click.option("--figure", "figures", multiple=True, type=click.Choice(FIGURE_NAMES), metavar="NAME",
+              help=f"Only this figure (repeatable): {', '.join(FIGURE_NAMES)}. Default: all.")
+@click.option("--repeat", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Timed runs per figure and tree (the median is reported).")
+@click.option("--no-warmup", is_flag=True, help="Skip the untimed first run of each figure in each tree.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
+def bench_run_cmd(baseline, figures, repeat, no_warmup, fmt):
+    """Whole commands (start-up, one case, the layer/ddp/compile/default selections, 1-3-10 implementations) of
+    this tree, against a baseline commit measured turn by turn in the same sitting."""
+    from harness.bench_commands import bench_run
+
+    echo = (lambda *a, **k: click.echo(*a, err=True, **k)) if fmt == "json" else click.echo
+    rows = bench_run(baseline, tuple(figures) or FIGURE_NAMES, repeat, not no_warmup, echo=echo)
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=2))

@@ -93,6 +93,40 @@ def channel_sum(x: Tensor, fn=None, y: Optional[Tensor] = None) -> Tensor:
     return total
 
 
+@dataclass
+class DeviationSums:
+    """Per-channel float64 sums over one rank's (N, *spatial) elements, with ``xmu = x - mean``."""
+
+    squares: Optional[Tensor]  # sum(xmu ** 2), when asked for
+    dy: Tensor  # sum(dy)
+    dy_xmu: Tensor  # sum(dy * xmu)
+    abs_dy: Tensor  # sum(|dy|)
+    abs_dy_xmu: Tensor  # sum(|dy * xmu|)
+
+
+def deviation_sums(x: Tensor, dy: Tensor, mean: Tensor, *, squares: bool) -> DeviationSums:
+    """The sums of :class:`DeviationSums` in one pass, a slice of :data:`CHUNK` elements at a time.
+
+    Each slice is widened to float64 once (five separate passes widened x four times and dy four times);
+    the values summed are the same elementwise products as in separate passes, slice by slice.
+    """
+    dims = [0] + list(range(2, x.dim()))
+    C = x.shape[1]
+    acc = [torch.zeros(C, dtype=torch.float64) for _ in range(5)]
+    for a, b in _slices(x):
+        xmu = x[a:b].detach().to(torch.float64, copy=True)
+        xmu -= _bcast(mean, xmu)
+        d = dy[a:b].detach().to(torch.float64)
+        prod = d * xmu
+        acc[1] += d.sum(dim=dims)
+        acc[2] += prod.sum(dim=dims)
+        acc[3] += d.abs().sum(dim=dims)
+        acc[4] += prod.abs_().sum(dim=dims)
+        if squares:
+            acc[0] += xmu.mul_(xmu).sum(dim=dims)
+    return DeviationSums(acc[0] if squares else None, *acc[1:])
+
+
 def _normalize(x: Tensor, dy: Tensor, mean: Tensor, invstd: Tensor, w: Tensor, b: Tensor,
                count: int, sum_dy: Tensor, sum_dy_xmu: Tensor, training: bool):
     """Forward output and input gradient of one rank (all float64)."""
@@ -181,20 +215,19 @@ def run_oracle(
                 n = sum(xs[r].numel() // C for r in unit)
                 if use_batch:
                     mean = sum(channel_sum(xs[r]) for r in unit) / n if n else torch.zeros(C, dtype=f64)
-                    nan = torch.full((C,), float("nan"), dtype=f64)
-                    var = sum(channel_sum(xs[r], lambda v, m=mean: (v - _bcast(m, v)) ** 2) for r in unit) / n \
-                        if n else nan
                 else:
                     mean, var = rm[unit[0]], rv[unit[0]]
+                # Every other per-channel sum in one pass over each rank's (x, dy), widened once per slice.
+                sums = {r: deviation_sums(xs[r], dys[r], mean, squares=use_batch) for r in unit}
+                if use_batch:
+                    nan = torch.full((C,), float("nan"), dtype=f64)
+                    var = sum(sums[r].squares for r in unit) / n if n else nan
                 invstd = 1.0 / torch.sqrt(var + eps)
-                dy_sums = {r: channel_sum(dys[r]) for r in unit}
-                dyx_sums = {r: channel_sum(xs[r], lambda v, d, m=mean: d * (v - _bcast(m, v)), dys[r]) for r in unit}
-                sum_dy = sum(dy_sums.values())
-                sum_dy_xmu = sum(dyx_sums.values())
+                sum_dy = sum(sums[r].dy for r in unit)
+                sum_dy_xmu = sum(sums[r].dy_xmu for r in unit)
                 scale = 1.0 / max(n, 1)
-                unit_abs_dy = sum(channel_sum(dys[r], torch.abs) for r in unit) * scale
-                unit_abs_dyx = sum(channel_sum(xs[r], lambda v, d, m=mean: (d * (v - _bcast(m, v))).abs(), dys[r])
-                                   for r in unit) * invstd * scale
+                unit_abs_dy = sum(sums[r].abs_dy for r in unit) * scale
+                unit_abs_dyx = sum(sums[r].abs_dy_xmu for r in unit) * invstd * scale
                 for r in unit:
                     if ranks is None or r in ranks:
                         out[r], gin[r] = _normalize(xs[r], dys[r], mean, invstd, w, b, n, sum_dy, sum_dy_xmu,
@@ -202,8 +235,8 @@ def run_oracle(
                     means[r], invstds[r], counts[r] = mean, invstd, n
                     abs_dy[r], abs_dy_xhat[r] = unit_abs_dy, unit_abs_dyx
                     if affine:
-                        gw[r] = dyx_sums[r] * invstd
-                        gb[r] = dy_sums[r]
+                        gw[r] = sums[r].dy_xmu * invstd
+                        gb[r] = sums[r].dy
                 if kind == "train" and track_running_stats:
                     for r in unit:
                         nbt[r] += 1

@@ -31,11 +31,11 @@ from typing import Optional
 
 import torch
 
-from harness.catalog.case import DTYPES, STEP_KINDS, Case, materialize
+from harness.catalog.case import DTYPES, STEP_KINDS, Case
 from harness.judge.compare import judge_rank, judge_sums, sum_tolerance
 from harness.judge.invariants import bits, compare_across
 from harness.judge.metric import Metric
-from harness.judge.oracle import run_oracle
+from harness.scenarios import prepared
 
 TENSORS = ("output", "grad_input", "grad_weight", "grad_bias", "running_mean", "running_var")
 BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
@@ -45,12 +45,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     """Run ``case`` with ``impl`` on this rank and fill ``result`` (metrics, what the parent judges across ranks)."""
     rank = ctx.rank
     torch.manual_seed(case.seed)
-    data = materialize(case)
-    truths = run_oracle(
-        data.inputs, data.grad_outputs, case.steps, num_features=case.channels, eps=case.eps,
-        momentum=case.momentum, affine=case.affine, track_running_stats=case.track_running_stats,
-        weight=data.weight, bias=data.bias, param_dtype=DTYPES[case.param_dtype],
-        running_mean=data.running_mean, running_var=data.running_var, groups=case.groups, ranks=[rank])
+    data, truths = prepared.prepare(case, rank)  # read-only: kept for the next implementation of this case
     group = ctx.process_group(case)
     observed, convert_problems = run_steps(ctx, case, impl, device, data, group)
     result.across["buffers"] = {str(s): {name: obs[f"{name}_bits"] for name in BUFFERS}
@@ -170,7 +165,7 @@ def run_steps(ctx, case: Case, impl, device: str, data, group) -> tuple[list, li
         module.train(STEP_KINDS[kind] == "train")
         x, leaf = present(data.inputs[s][rank], case.input_layout, device)
         before = x.detach().clone()
-        dy = data.grad_outputs[s][rank].to(device)
+        dy = data.grad_outputs[s][rank].to(device, copy=True)  # the case's own stays as it was
         alone = kind == "eval-rank0"
         with ctx.forbid_collectives("evaluation on rank 0 alone") if alone else contextlib.nullcontext():
             if kind == "nograd":

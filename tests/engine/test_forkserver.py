@@ -1,0 +1,85 @@
+"""How ranks start and what they share: the forkserver's preload table, the CPU share, the kept case data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness import catalog
+from harness.engine import forkserver
+from harness.engine.rank import share_cores
+from harness.engine.session import RunOptions, resolve_impls, run_selection
+from harness.scenarios import prepared
+
+SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
+
+
+def test_light_families_are_exactly_the_families_whose_ranks_never_import_dynamo():
+    needing: dict[str, bool] = {}
+    for case in catalog.select([], exhaustive=True):
+        needing[case.family] = needing.get(case.family, False) or forkserver.case_needs_dynamo(case)
+    light = sorted(f for f, needs in needing.items() if not needs and f != "search-found")
+    assert sorted(forkserver.LIGHT_FAMILIES) == light, (
+        "forkserver.LIGHT_FAMILIES is out of date with the catalog: a light family listed there would start its "
+        "ranks without dynamo (slow), a missing one with it (slow start)")
+
+
+@pytest.mark.parametrize("patterns,needed", [
+    ((), True),  # the default selection has ddp and compile cases
+    (("module-config/*",), False),
+    (("module-config/affine-off/ws2", "scale/*"), False),
+    (("ddp/*",), True),
+    (("*/ws2",), True),  # a wildcard family could be any family
+    (("module-config/*", "compile/*"), True),
+])
+def test_needs_dynamo_reads_the_family_part_of_each_pattern(patterns, needed):
+    assert forkserver.needs_dynamo(patterns) is needed
+
+
+def test_ranks_share_the_cpus_unless_the_user_set_omp_num_threads(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        cpus = len(os.sched_getaffinity(0))
+        assert share_cores(2) == max(1, cpus // 2) == torch.get_num_threads()
+        assert share_cores(64) == 1
+        torch.set_num_threads(3)
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        assert share_cores(2) == 3
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_case_prepared_twice_is_computed_once_and_another_case_replaces_it():
+    a, b = catalog.select(["numerics/offset-1e3/ws2"])[0], catalog.select(["module-config/affine-off/ws2"])[0]
+    prepared.forget()
+    hits = prepared.hits
+    data, truths = prepared.prepare(a, 0)
+    again = prepared.prepare(a, 0)
+    assert again[0] is data and again[1] is truths and prepared.hits == hits + 1
+    other_rank = prepared.prepare(a, 1)
+    assert other_rank[0] is not data and prepared.hits == hits + 1  # another rank's truths differ
+    prepared.prepare(b, 0)
+    assert prepared.prepare(a, 0)[0] is not data  # only one case is kept
+    prepared.forget()
+
+
+@pytest.mark.slow
+def test_an_implementation_that_changes_its_inputs_cannot_change_the_next_ones_verdict(monkeypatch):
+    """The ranks keep a case's tensors for the next implementation: one that writes into its input or its
+    upstream gradient must not reach them (the reference after it gets the same record as alone)."""
+    monkeypatch.setenv("PYTHONPATH", SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cases = catalog.select(["allgather-shape/uneven-2-6/float32-float32/contiguous/ws2"])
+    opts = RunOptions(device="cpu", timeout=120)
+    after = list(run_selection(cases, resolve_impls(["defects:NormalizesInPlace", "probes:ZeroesGradOutputInPlace",
+                                                     "reference"]), opts))
+    alone = list(run_selection(cases, resolve_impls(["reference"]), opts))
+    by_impl = {r.impl: r for r in after}
+    assert by_impl["defects:NormalizesInPlace"].status.value == "mismatch"  # its own input problem, found
+    ref_after, ref_alone = by_impl["reference"], alone[0]
+    assert ref_after.status == ref_alone.status and ref_alone.status.value == "pass", ref_after.message
+    assert {k: m.to_dict() for k, m in ref_after.metrics.items()} == \
+        {k: m.to_dict() for k, m in ref_alone.metrics.items()}
