@@ -205,7 +205,8 @@ class Budget:
         return (self.u_in + self.u_a * gamma(n)) * dy.abs().sum(dim=_dims(x))
 
 
-def judge_rank(case: Case, rank: int, data, truths, observed: list[dict]) -> list[tuple[str, Metric]]:
+def judge_rank(case: Case, rank: int, data, truths, observed: list[dict],
+               budgets: Optional[dict] = None) -> list[tuple[str, Metric]]:
     """Compare rank ``rank``'s observed tensors of every step with the oracle.
 
     ``observed[s]`` holds ``output``, ``grad_input``, ``grad_weight``,
@@ -215,7 +216,10 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict]) -> lis
     backward), ``none`` (no backward), ``deferred`` (the parameters' come with
     a later step), ``accumulated`` (the parameters' are the sum over
     ``grad_steps``). ``layout_checked`` False: the input was a view dense in no
-    memory format, so no output layout is required.
+    memory format, so no output layout is required. ``budgets``, when given, receives
+    this rank's unscaled budgets of its grad_weight and grad_bias shares per step
+    (``{step: {"grad_weight", "grad_weight_eval", "grad_bias"}}``, lists), the
+    terms :func:`sum_tolerance_of` adds up over the ranks.
     """
     b = Budget(case)
     fmt = MEMORY_FORMATS[case.memory_format]
@@ -234,11 +238,16 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict]) -> lis
         # Batch statistics (a reduction over N) normalize in training, and in eval without running statistics.
         g_N = gamma(N) if train or not case.track_running_stats else 1.0
         if case.affine:
-            gw_budget = b.grad_weight_share(x, dy, mu, invstd, g_N)
-            if not train and case.track_running_stats:
-                # Eval normalizes with the implementation's running statistics: carry their budget.
-                gw_budget = gw_budget + b.eval_grad_weight(x, dy, mu, invstd, running[s][0])
-            shares.append((truth.grad_weight[rank], truth.grad_bias[rank], gw_budget, b.grad_bias_share(x, dy)))
+            gw_share = b.grad_weight_share(x, dy, mu, invstd, g_N)
+            # Eval normalizes with the implementation's running statistics: carry their budget.
+            gw_eval = b.eval_grad_weight(x, dy, mu, invstd, running[s][0]) \
+                if not train and case.track_running_stats else None
+            gb_share = b.grad_bias_share(x, dy)
+            shares.append((truth.grad_weight[rank], truth.grad_bias[rank],
+                           gw_share if gw_eval is None else gw_share + gw_eval, gb_share))
+            if budgets is not None:
+                budgets[str(s)] = {"grad_weight": gw_share.tolist(), "grad_bias": gb_share.tolist(),
+                                   "grad_weight_eval": None if gw_eval is None else gw_eval.tolist()}
         if obs is None:
             continue  # this rank takes no part in the step (evaluation on rank 0 alone)
         xhat = (x - _chan(mu, x)) * _chan(invstd, x)
@@ -312,6 +321,22 @@ def sum_tolerance(case: Case, data, truths, step: int, which: str) -> torch.Tens
             total += b.grad_bias_share(x, dy)
     true_sum = truth.grad_weight_sum if which == "grad_weight" else truth.grad_bias_sum
     return K * (total + b.u_p * case.world_size * true_sum.abs())
+
+
+def sum_tolerance_of(case: Case, budgets: list[dict], abs_true: list[float], step: str, which: str) -> torch.Tensor:
+    """:func:`sum_tolerance` from the ranks' own budgets (``budgets``: each rank's from :func:`judge_rank`, in rank
+    order) and ``|true sum|``: the same terms added in the same order, without any rank's tensors."""
+    b = Budget(case)
+    total = torch.zeros(case.channels, dtype=torch.float64)
+    for rank_budgets in budgets:
+        terms = rank_budgets[step]
+        if which == "grad_weight":
+            total += torch.tensor(terms["grad_weight"], dtype=torch.float64)
+            if terms["grad_weight_eval"] is not None:
+                total += torch.tensor(terms["grad_weight_eval"], dtype=torch.float64)
+        else:
+            total += torch.tensor(terms["grad_bias"], dtype=torch.float64)
+    return K * (total + b.u_p * case.world_size * torch.tensor(abs_true, dtype=torch.float64))
 
 
 def judge_sums(sum_truth: dict, shares: list[dict]) -> list[tuple[str, Metric]]:

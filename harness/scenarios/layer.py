@@ -32,7 +32,7 @@ from typing import Optional
 import torch
 
 from harness.catalog.case import DTYPES, STEP_KINDS, Case
-from harness.judge.compare import judge_rank, judge_sums, sum_tolerance
+from harness.judge.compare import judge_rank, judge_sums, sum_tolerance_of
 from harness.judge.invariants import bits, compare_across
 from harness.judge.metric import Metric
 from harness.scenarios import prepared
@@ -50,20 +50,25 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     observed, convert_problems = run_steps(ctx, case, impl, device, data, group)
     result.across["buffers"] = {str(s): {name: obs[f"{name}_bits"] for name in BUFFERS}
                                 for s, obs in enumerate(observed) if obs is not None}
+    budgets: dict = {}
+    metrics = judge_rank(case, rank, data, truths, observed, budgets=budgets)
     if case.affine:
         judged = {s: obs.get("grad_steps") or [s] for s, obs in enumerate(observed)
                   if obs is not None and obs.get("grads", "own") in ("own", "accumulated")}
         result.across["shares"] = {str(s): {which: _as_list(observed[s][which], case.channels)
                                             for which in ("grad_weight", "grad_bias")} for s in judged}
+        # Each rank's budget terms of the sums' tolerance: the parent adds them up (judge_across), so no rank
+        # goes over the others' tensors again.
+        result.across["budgets"] = budgets
         if rank == 0:
             result.across["sum_truth"] = {
                 str(s): {which: {"true": sum(getattr(truths[i], f"{which}_sum") for i in steps).tolist(),
-                                 "tol": sum(sum_tolerance(case, data, truths, i, which) for i in steps).tolist()}
+                                 "abs_true": {str(i): getattr(truths[i], f"{which}_sum").abs().tolist()
+                                              for i in steps}}
                          for which in ("grad_weight", "grad_bias")}
                 for s, steps in judged.items()}
     if compare_with:
         result.compare = compare_implementations(ctx, case, compare_with, device, data, group, observed)
-    metrics = judge_rank(case, rank, data, truths, observed)
     metrics += [(f"convert.{i}", Metric.failure(p)) for i, p in enumerate(convert_problems)]
     for s, obs in enumerate(observed):
         if obs is None:
@@ -89,8 +94,14 @@ def judge_across(case: Case, results: list) -> list[tuple[str, Metric]]:
     if not case.affine or len(results) != case.world_size:
         return out
     sum_truth = next((r.across.get("sum_truth") for r in results if r.across.get("sum_truth")), None)
-    if sum_truth and all("shares" in r.across for r in results):
-        out += judge_sums(sum_truth, [r.across["shares"] for r in results])
+    if sum_truth and all("shares" in r.across and "budgets" in r.across for r in results):
+        ranked = [r.across["budgets"] for r in sorted(results, key=lambda r: r.rank)]
+        final = {s: {which: {"true": t["true"],
+                             "tol": sum(sum_tolerance_of(case, ranked, abs_true, i, which)
+                                        for i, abs_true in t["abs_true"].items()).tolist()}
+                     for which, t in by_which.items()}
+                 for s, by_which in sum_truth.items()}
+        out += judge_sums(final, [r.across["shares"] for r in results])
     return out
 
 
