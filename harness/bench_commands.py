@@ -21,7 +21,9 @@ Figures (every one a command line, the same for both trees):
 - ``default``: the whole default selection with ``--impl torch``;
 - ``impls-N`` (N = 1, 3, 10): a small layer selection run by N implementations at
   once (the reference, torch, the test suite's textbook SyncBN and its planted
-  defects); the ratio of N to 1 says how a run scales with implementations.
+  defects); the ratio of N to 1 says how a run scales with implementations;
+- ``search``: ``search`` of the reference over :data:`SEARCH_CASES` generated cases
+  (seed 0: the same cases in both trees), its time the inverse of the search rate.
 
 Each is timed ``--repeat`` times per tree (the median is reported); records
 go to a temporary store removed afterwards, as is the exported baseline.
@@ -50,7 +52,9 @@ SCALING_CASES = ("module-config/*", "numerics/*", "channels-last/*")
 SCALING_IMPLS = ("reference", "torch", "textbook:TextbookSyncBN", "defects:EqualWeightMerge", "defects:NaiveVariance",
                  "defects:BiasedRunningVar", "defects:EpsOutsideSqrt", "defects:HalfCounts",
                  "defects:MomentumNoneAsDefault", "defects:NormalizesInPlace")
-FIGURES = ("startup", "check-one", "run-one", "layer", "ddp", "compile", "default", "impls-1", "impls-3", "impls-10")
+FIGURES = ("startup", "check-one", "run-one", "layer", "ddp", "compile", "default", "impls-1", "impls-3", "impls-10",
+           "search")
+SEARCH_CASES = 60
 COMMAND_TIMEOUT_S = 1800
 
 
@@ -81,6 +85,9 @@ def figure_args(name: str) -> list[str]:
         return [*run, "--impl", "torch", "--case", f"{name}/*"]
     if name == "default":
         return [*run, "--impl", "torch"]
+    if name == "search":
+        return ["search", "--impl", "reference", "--device", "cpu", "--max-cases", str(SEARCH_CASES), "--seed", "0",
+                "--store", "{store}", "--out", "{store}/search-out"]
     if name.startswith("impls-"):
         n = int(name.split("-", 1)[1])
         return [*run, *[a for i in SCALING_IMPLS[:n] for a in ("--impl", i)],

@@ -10,7 +10,7 @@ from harness.commands import cli
 
 # The figures of `bench run` (harness.bench_commands.FIGURES), named here so that --help needs no import.
 FIGURE_NAMES = ("startup", "check-one", "run-one", "layer", "ddp", "compile", "default", "impls-1", "impls-3",
-                "impls-10")
+                "impls-10", "search")
 
 
 @cli.group()
@@ -74,8 +74,8 @@ def require_gpu() -> None:
 @click.option("--no-warmup", is_flag=True, help="Skip the untimed first run of each figure in each tree.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
 def bench_run_cmd(baseline, figures, repeat, no_warmup, fmt):
-    """Whole commands (start-up, one case, the layer/ddp/compile/default selections, 1-3-10 implementations) of
-    this tree, against a baseline commit measured turn by turn in the same sitting."""
+    """Whole commands (start-up, one case, the layer/ddp/compile/default selections, 1-3-10 implementations, a
+    search) of this tree, against a baseline commit measured turn by turn in the same sitting."""
     from harness.bench_commands import bench_run
 
     echo = (lambda *a, **k: click.echo(*a, err=True, **k)) if fmt == "json" else click.echo

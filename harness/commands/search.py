@@ -72,6 +72,9 @@ def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Pa
     from harness.search.explore import Explorer
     from harness.search.findings import write_repros, write_summary
 
+    from harness.engine import forkserver
+
+    forkserver.prewarm(dynamo=False)  # generated cases are the layer families' (no compile, no optimizer)
     impls = selection.resolve_impls()
     opts = selection.run_options(diagnose=False)
     info = build_info()
