@@ -3,7 +3,8 @@
 A rank needs torch (a second or more of CPU to import), the harness's rank
 modules, the reference kernels and, for the scenarios that build optimizers
 or compile (:data:`DYNAMO_SCENARIOS`), ``torch._dynamo`` (another second:
-``torch.optim`` imports it on the first optimizer). Imported once in the
+``torch.optim`` imports it on the first optimizer) and inductor's compiler
+(the last two on CPU builds of torch only, see :mod:`harness.engine.warm`). Imported once in the
 forkserver, each costs nothing per rank, and restarting a pool after a crash
 costs a fork per rank instead of fresh interpreters.
 
@@ -17,8 +18,9 @@ Protocol:
 - The forkserver lives as long as the process that started it, so its preload
   is fixed by the first call; a later call asking for dynamo where the running
   server lacks it changes nothing (the ranks then import dynamo themselves).
-- Nothing here may fail a run: :mod:`harness.engine.warm`, the preload's last
-  module, swallows its own errors, and ranks redo whatever it could not do.
+- Nothing here may fail a run: :mod:`harness.engine.warm` and
+  :mod:`harness.engine.warm_dynamo`, the preload's last modules, swallow their
+  own errors, and ranks redo whatever they could not do.
 
 ``SYNCBN_HARNESS_START_METHOD=spawn`` forces fresh interpreters instead.
 """
@@ -36,8 +38,8 @@ PRELOAD = ("harness.engine.rank", "harness.scenarios.layer", "harness.scenarios.
            "harness.impls.plugin", "torch.distributed.nn.functional",
            "torch.distributed._functional_collectives",  # the collective recorder imports it (custom ops)
            "torch.fx.experimental.symbolic_shapes",  # the first backward imports it (and sympy): 0.8 s
-           "harness.engine.warm")  # the kernels and the recorder's registrations, best effort
-DYNAMO_PRELOAD = ("torch._dynamo",)
+           "harness.engine.warm")  # the reference kernels, best effort
+DYNAMO_PRELOAD = ("harness.engine.warm_dynamo",)  # torch._dynamo and inductor's compiler, on CPU builds
 
 # Scenarios whose ranks import torch._dynamo (optimizers, torch.compile); every other scenario never does.
 DYNAMO_SCENARIOS = ("model", "conversion", "checkpoint")
@@ -74,7 +76,7 @@ def case_needs_dynamo(case) -> bool:
 
 def preload(dynamo: bool) -> tuple[str, ...]:
     """The modules the forkserver imports before serving forks."""
-    return PRELOAD[:-1] + (DYNAMO_PRELOAD if dynamo else ()) + PRELOAD[-1:]
+    return PRELOAD + (DYNAMO_PRELOAD if dynamo else ())
 
 
 def start_context(choice: Optional[str] = None, *, dynamo: bool = False):
