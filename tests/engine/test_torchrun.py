@@ -38,7 +38,8 @@ def two_agents(tmp_path, *run_args, timeout=600):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--max-restarts=0",
            "-m", "harness", "run", *run_args, "--store", str(store)]
-    env = dict(os.environ, PYTHONPATH=SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # TMPDIR: torch's elastic agent makes a log folder there and leaves it behind; let it be the test's.
+    env = dict(os.environ, PYTHONPATH=SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""), TMPDIR=str(tmp_path))
     agents = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                start_new_session=True) for _ in range(2)]
     outs = []
@@ -114,7 +115,8 @@ def test_compare_runs_under_torchrun_as_in_the_local_pool(tmp_path):
             "--device", "cpu", "--timeout", "120", "--store", str(store), "--format", "json"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0",
            "-m", "harness", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, start_new_session=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, start_new_session=True,
+                          env=dict(os.environ, TMPDIR=str(tmp_path)))
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = {r["impl"]: r for f in store.glob("*.jsonl") for r in map(json.loads, f.read_text().splitlines())}
     assert set(records) == {"torch", "reference"}

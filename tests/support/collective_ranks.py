@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import shutil
 import tempfile
 
 import torch
@@ -96,9 +97,10 @@ def run(world_size: int, backend: str, timeout: float = 120.0) -> list[dict]:
         codes = [p.exitcode for p in procs]
         if codes != [0] * world_size:
             raise AssertionError(f"ranks over {backend} exited with {codes}")
+        return [torch.load(os.path.join(outdir, f"rank{r}.pt")) for r in range(world_size)]
     finally:
         for p in procs:
             if p.is_alive():
                 p.kill()
                 p.join(5)
-    return [torch.load(os.path.join(outdir, f"rank{r}.pt")) for r in range(world_size)]
+        shutil.rmtree(outdir, ignore_errors=True)
