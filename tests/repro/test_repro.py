@@ -46,7 +46,8 @@ def write(impl: str, out: Path, *extra: str, pythonpath: str = "") -> subprocess
 
 def run_standalone(path: Path, plugin_dir: Path, *, launcher=(), cwd=None) -> subprocess.CompletedProcess:
     decoy = plugin_dir.parent / "decoy"
-    env = {**os.environ, "PYTHONPATH": f"{decoy}{os.pathsep}{plugin_dir}"}
+    # TMPDIR: under torchrun, torch's elastic agent makes a log folder there and leaves it behind.
+    env = {**os.environ, "PYTHONPATH": f"{decoy}{os.pathsep}{plugin_dir}", "TMPDIR": str(path.parent)}
     return subprocess.run([*launcher, str(path)], capture_output=True, text=True, timeout=300, env=env,
                           cwd=cwd or path.parent)
 
