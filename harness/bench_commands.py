@@ -42,11 +42,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from harness.engine.forkserver import LIGHT_FAMILIES
 from harness.errors import UsageError
 
 ONE_CASE = "module-config/affine-off/ws2"
-LAYER_FAMILIES = ("allgather-shape", "channels-last", "mixed-precision", "module-config", "numerics",
-                  "process-group", "scale")
+# The default selection's layer families: the forkserver's light ones, less cuda-graph (a GPU family).
+LAYER_FAMILIES = tuple(f for f in LIGHT_FAMILIES if f != "cuda-graph")
 SCALING_CASES = ("module-config/*", "numerics/*", "channels-last/*")
 # Implementations for the scaling figure: the built-in two, then plugins of the test suite (tests/support).
 SCALING_IMPLS = ("reference", "torch", "textbook:TextbookSyncBN", "defects:EqualWeightMerge", "defects:NaiveVariance",

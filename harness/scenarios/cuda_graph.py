@@ -43,9 +43,9 @@ from typing import Optional
 
 import torch
 
-from harness.catalog.case import DTYPES, Case, materialize
+from harness.catalog.case import DTYPES, Case
 from harness.judge.compare import judge_rank, judge_sums, sum_tolerance
-from harness.judge.oracle import run_oracle
+from harness.scenarios import prepared
 
 WARMUP_STEPS = 3
 
@@ -71,12 +71,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         raise ValueError("--compare is not supported by the cuda_graph scenario: run each implementation alone")
     rank = ctx.rank
     torch.manual_seed(case.seed)
-    data = materialize(case)
-    truths = run_oracle(
-        data.inputs, data.grad_outputs, case.steps, num_features=case.channels, eps=case.eps,
-        momentum=case.momentum, affine=case.affine, track_running_stats=case.track_running_stats,
-        weight=data.weight, bias=data.bias, param_dtype=DTYPES[case.param_dtype],
-        running_mean=data.running_mean, running_var=data.running_var, groups=case.groups, ranks=[rank])
+    data, truths = prepared.prepare(case, rank)  # read-only here: the replay copies what it uses
     observed = replay_steps(case, impl, rank, data, ctx.process_group(case))
     if case.affine:
         result.across["shares"] = {str(s): {which: _floats(obs[which], case.channels)
