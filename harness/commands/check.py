@@ -63,7 +63,7 @@ def supervise(selection) -> int:
         os.close(imported_w)
     os.set_blocking(imported_r, False)  # a leaked write end elsewhere must not make the read below wait
     with open(imported_r, "rb") as imported:
-        code = _supervise(proc)
+        code = _await_worker(proc)
         torch_imported = code < 0 and bool(imported.read(1))
     if code == -signal.SIGINT:
         return EXIT_INTERRUPTED
@@ -75,7 +75,7 @@ def supervise(selection) -> int:
     return EXIT_UNTESTABLE
 
 
-def _supervise(proc: subprocess.Popen) -> int:
+def _await_worker(proc: subprocess.Popen) -> int:
     """Wait for the worker; its exit as 0, 1, 125 or 130, or minus the signal that killed it."""
     try:
         code = _wait(proc)
