@@ -8,7 +8,9 @@ over an installed binary by the bisection) carries :data:`OVERLAY_MARKER`
 beside its ``torch`` package: ``{"commit": ..., "binary_git_version": ...}``.
 A process whose torch comes from such a tree reports
 ``overlay of <commit> on <binary git_version>`` as its git version
-(:func:`overlay_identity`), so its records are stored apart from the binary's.
+(:func:`overlay_identity`), so its records are stored apart from the binary's,
+followed by ``(approximate: N compiled files left out)`` when the marker says
+that compiled files of the commit differ from the binary's.
 The bisection writes the marker; this module only reads it.
 """
 
@@ -23,6 +25,7 @@ from typing import Optional
 
 OVERLAY_MARKER = "syncbn_harness_overlay.json"
 OVERLAY_IDENTITY = "overlay of {commit} on {base}"
+APPROXIMATE = " (approximate: {n} compiled files left out)"  # what an overlay's compiled diff leaves out
 
 
 def overlay_identity(torch_file: str) -> Optional[str]:
@@ -30,9 +33,11 @@ def overlay_identity(torch_file: str) -> Optional[str]:
     marker = Path(torch_file).parent.parent / OVERLAY_MARKER
     try:
         d = json.loads(marker.read_text())
-        return OVERLAY_IDENTITY.format(commit=d["commit"], base=d["binary_git_version"])
+        identity = OVERLAY_IDENTITY.format(commit=d["commit"], base=d["binary_git_version"])
+        left_out = int(d.get("compiled_left_out") or 0)
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return identity + (APPROXIMATE.format(n=left_out) if left_out else "")
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,7 @@ class BisectRun:
     evaluations: dict[int, Evaluation]
     stats: dict
     created: tuple[str, str] = ("envs_created", "environments")  # the source's stats key and noun
+    marks: dict[int, str] = field(default_factory=dict)  # index -> a mark after the verdict (``~``: approximate)
 
     @property
     def outcome(self) -> Outcome:
@@ -101,7 +102,8 @@ class BisectRun:
         lines = []
         for i, build in enumerate(self.builds):
             ev = self.evaluations.get(i)
-            mark = f"{ev.verdict.value:<4}" + (" (cached)" if ev.cached else "") if ev else "-"
+            mark = (f"{ev.verdict.value + self.marks.get(i, ''):<4}" + (" (cached)" if ev.cached else "")
+                    if ev else "-")
             reason = (ev.reason if len(ev.reason) < 160 else ev.reason[:157] + "...") if ev else ""
             lines.append(f"  {build.label:<40} {mark}" + (f"  {reason}" if ev and ev.verdict != Verdict.GOOD else ""))
         res = self.result
@@ -125,16 +127,21 @@ class BisectRun:
                 lines.append(f"  {d['case']} [{d['impl']}]: {d['good']['status']} -> {d['bad']['status']}  "
                              f"{d['bad']['message'][:300]}")
         lines.extend(extra)
-        key, noun = self.created
-        lines.append(f"({self.stats['evaluated']} builds tested, {self.stats['cached']} verdicts from cache, "
-                     f"{self.stats[key]} {noun} created)")
+        lines.append(self.counts())
         lines.extend(tail)
         return "\n".join(lines)
+
+    def counts(self) -> str:
+        """``(5 builds tested, 0 verdicts from cache, 5 overlays created)``."""
+        key, noun = self.created
+        return (f"({self.stats['evaluated']} builds tested, {self.stats['cached']} verdicts from cache, "
+                f"{self.stats[key]} {noun} created)")
 
     def to_dict(self) -> dict:
         return {"builds": [{**b.to_dict(), **({"verdict": self.evaluations[i].verdict.value,
                                                "reason": self.evaluations[i].reason,
-                                               "cached": self.evaluations[i].cached}
+                                               "cached": self.evaluations[i].cached,
+                                               "mark": self.marks.get(i)}
                                               if i in self.evaluations else {"verdict": None})}
                            for i, b in enumerate(self.builds)],
                 "result": self.result.to_dict(),
@@ -172,47 +179,62 @@ def bisect_releases(builds: list[Build], *, selection: Selection, package: Optio
                          store=store, log=log)
 
 
+class Judge:
+    """Verdicts of builds from one source: from the verdict cache, or by preparing the build and running
+    the selection in it; counts what it did in :attr:`stats`."""
+
+    def __init__(self, selection: Selection, source, *, rerun: bool = False, eval_timeout: float = EVAL_TIMEOUT_S,
+                 store: Optional[Path] = None, log: Callable[[str], None] = lambda s: None):
+        self.selection, self.source, self.rerun, self.eval_timeout = selection, source, rerun, eval_timeout
+        self.store, self.log = store, log
+        self.cache = VerdictCache()
+        self.stats = {"evaluated": 0, "cached": 0, source.stat: 0}
+
+    def __call__(self, build: Build, label: str) -> Evaluation:
+        """The verdict of ``build``; ``label`` prefixes the log lines (``[3/8] <build>``)."""
+        build_id = self.source.build_id(build)
+        key = self.cache.key(build_id, self.selection)
+        ev = None if self.rerun else self.cache.get(key)
+        if ev is not None:
+            self.stats["cached"] += 1
+            self.log(f"{label}: {ev.verdict.value} (cached) {ev.reason}")
+            return ev
+        self.log(f"{label}: preparing")
+        try:
+            ready = self.source.prepare(build, self.log)
+        except InstallFailed as exc:
+            ev = Evaluation(Verdict.SKIP, f"install failed: {exc}")
+        else:
+            self.stats[self.source.stat] += int(ready.created)
+            where = self.store or cache_root() / "bisect" / "stores" / build_id.replace(":", "-")
+            ev = evaluate(ready.python, self.selection, Path(where).absolute(), timeout=self.eval_timeout,
+                          extra_env=ready.env, cwd=ready.cwd)
+            self.cache.put(key, build, ev)
+        self.stats["evaluated"] += 1
+        self.log(f"{label}: {ev.verdict.value} in {ev.duration_s:.1f}s  {ev.reason}")
+        return ev
+
+
 def run_bisection(builds: list[Build], selection: Selection, source, *, known: Optional[dict] = None,
                   rerun: bool = False, eval_timeout: float = EVAL_TIMEOUT_S, store: Optional[Path] = None,
-                  log: Callable[[str], None] = lambda s: None) -> BisectRun:
+                  log: Callable[[str], None] = lambda s: None, judge: Optional[Judge] = None) -> BisectRun:
     """Bisect ``builds`` (good end first) with the selection, each prepared by ``source``.
 
     ``known``: index -> :class:`Evaluation` settled before any run (fed to the bisector up front).
     ``store``: where every run's records go (default: one store per build under the cache).
+    ``judge``: a :class:`Judge` that already answered questions (its counts carry on), else a new one.
     """
     if selection.case_patterns:
         selection.cases  # noqa: B018 - an unknown pattern is a usage error here, before any build is prepared
-    cache = VerdictCache()
-    stats = {"evaluated": 0, "cached": 0, source.stat: 0}
+    judge = judge or Judge(selection, source, rerun=rerun, eval_timeout=eval_timeout, store=store, log=log)
     evaluations: dict[int, Evaluation] = dict(known or {})
 
-    def judge(i: int) -> Verdict:
-        build = builds[i]
-        build_id = source.build_id(build)
-        key = cache.key(build_id, selection)
-        ev = None if rerun else cache.get(key)
-        if ev is not None:
-            stats["cached"] += 1
-            log(f"[{i + 1}/{len(builds)}] {build.label}: {ev.verdict.value} (cached) {ev.reason}")
-        else:
-            log(f"[{i + 1}/{len(builds)}] {build.label}: preparing")
-            try:
-                ready = source.prepare(build, log)
-            except InstallFailed as exc:
-                ev = Evaluation(Verdict.SKIP, f"install failed: {exc}")
-            else:
-                stats[source.stat] += int(ready.created)
-                where = store or cache_root() / "bisect" / "stores" / build_id.replace(":", "-")
-                ev = evaluate(ready.python, selection, Path(where).absolute(), timeout=eval_timeout,
-                              extra_env=ready.env, cwd=ready.cwd)
-                cache.put(key, build, ev)
-            stats["evaluated"] += 1
-            log(f"[{i + 1}/{len(builds)}] {build.label}: {ev.verdict.value} in {ev.duration_s:.1f}s  {ev.reason}")
-        evaluations[i] = ev
-        return ev.verdict
+    def ask(i: int) -> Verdict:
+        evaluations[i] = judge(builds[i], f"[{i + 1}/{len(builds)}] {builds[i].label}")
+        return evaluations[i].verdict
 
     machine = bisector.Bisector(len(builds))
     for i, ev in sorted(evaluations.items()):
         machine.feed(i, ev.verdict)
-    result = bisector.run(machine, judge)
-    return BisectRun(builds, result, evaluations, stats, created=(source.stat, source.noun))
+    result = bisector.run(machine, ask)
+    return BisectRun(builds, result, evaluations, judge.stats, created=(source.stat, source.noun))

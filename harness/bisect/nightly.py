@@ -27,11 +27,18 @@ with such versions: ``--package``).
    nightly's ``git_version`` is a commit whose subject reads ``YYYY-MM-DD
    nightly release (<main sha>)`` (:meth:`~harness.bisect.checkout.Checkout.nightly_main`);
    the result gives the main commits between the last good and the first bad
-   nightly, those that touch SyncBN's files, a compare link, and the overlay
-   bisection to run next (inside the day).
+   nightly, those that touch SyncBN's files and a compare link.
+7. With that clone and torch, the bisection goes on **inside the day**
+   (:mod:`harness.bisect.commits`): the main commits between the two
+   nightlies laid over the two nightlies' environments, the last good one
+   first (the good end's binary the Python-or-compiled question is asked
+   over), each commit over the one with the smaller compiled diff when the
+   overlays are bisected by relevance (``--strict``, or when the question
+   cannot be asked). Its answer is the result's last lines.
 
 The last two lines: ``first bad commit: <sha>`` and ``last good commit: <sha>``,
-the two nightlies' ``git_version`` (``unknown (why)`` when there is none).
+the two nightlies' ``git_version`` (``unknown (why)`` when there is none), or
+the in-day bisection's last two lines when it ran.
 """
 
 from __future__ import annotations
@@ -40,7 +47,6 @@ import datetime
 import json
 import os
 import re
-import shlex
 import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -50,6 +56,7 @@ from harness.bisect import children
 from harness.bisect.bisector import Outcome
 from harness.bisect.builds import Build, IndexOptions, available_versions
 from harness.bisect.checkout import SYNCBN_FILES, Checkout, compare_link
+from harness.bisect.commits import CommitBisection, bisect_commits
 from harness.bisect.driver import BisectRun, bisect_releases
 from harness.bisect.verdicts import EVAL_TIMEOUT_S, Evaluation
 from harness.errors import UsageError
@@ -232,6 +239,8 @@ class NightlyBisection:
     repo: Optional[Checkout] = None
     commits: dict = field(default_factory=dict)  # "last_good"/"first_bad" -> (sha or None, where from / why)
     main: Optional[dict] = None
+    inside: Optional[CommitBisection] = None  # the in-day overlay bisection, when it ran
+    inside_why: Optional[str] = None  # why it did not run, when it could have
 
     @classmethod
     def of(cls, run: BisectRun, nightlies: NightlyRange, selection: Selection,
@@ -271,14 +280,16 @@ class NightlyBisection:
             lines.append(f"touching SyncBN's files ({len(m['touching'])}):")
             lines += [f"  {c['commit']}  {c['subject'][:70]}  [{', '.join(c['files'])}]" for c in m["touching"]]
             lines.append(f"compare: {m['compare']}")
-            if self.nightlies.package == "torch":
-                ev = self.run.evaluations[res.last_good]
-                lines.append(f"next, inside the day: {ev.python or 'python'} -m harness bisect --overlay "
-                             f"{shlex.quote(str(self.repo.path))} --good {m['good_main']} --bad {m['bad_main']} "
-                             f"{shlex.join(self.selection.argv())}".rstrip())
+        if self.inside_why:
+            lines.append(f"inside the day: not bisected ({self.inside_why})")
+        if self.inside is not None:
+            lines.append("inside the day, the main commits laid over the two nightlies:")
+            lines += ["  " + line for line in self.inside.summary().splitlines()[:-2]]
         return lines
 
     def last_lines(self) -> list[str]:
+        if self.inside is not None and self.inside.last_lines():
+            return self.inside.last_lines()
         if not self.commits:
             return []
         res = self.run.result
@@ -306,14 +317,16 @@ class NightlyBisection:
                 "missing_days": [str(d) for d in n.missing], "notes": n.notes,
                 "first_bad_commit": self.commits.get("first_bad", (None,))[0],
                 "last_good_commit": self.commits.get("last_good", (None,))[0],
-                "git_version_source": {k: v[1] for k, v in self.commits.items()}, "main_range": self.main}
+                "git_version_source": {k: v[1] for k, v in self.commits.items()}, "main_range": self.main,
+                "inside_the_day": self.inside.to_dict() if self.inside is not None else None,
+                "inside_the_day_not_run": self.inside_why}
 
 
 def bisect_nightlies(*, good: str, bad: str, selection: Optional[Selection] = None, package: Optional[str] = None,
                      versions: Sequence[str] = (), index: Optional[IndexOptions] = None,
                      inherit: Optional[bool] = None, pytorch_repo: Optional[str] = None, rerun: bool = False,
-                     eval_timeout: float = EVAL_TIMEOUT_S, store: Optional[Path] = None,
-                     log: Callable[[str], None] = lambda s: None) -> NightlyBisection:
+                     eval_timeout: float = EVAL_TIMEOUT_S, store: Optional[Path] = None, strict: bool = False,
+                     on_path: Sequence[str] = (), log: Callable[[str], None] = lambda s: None) -> NightlyBisection:
     """Bisect the nightlies from day (or version) ``good`` to ``bad``; see the module docstring."""
     selection = selection or Selection()
     repo = Checkout(pytorch_repo, "--pytorch-repo") if pytorch_repo else None
@@ -327,4 +340,30 @@ def bisect_nightlies(*, good: str, bad: str, selection: Optional[Selection] = No
         log(f"no nightly of {nightlies.package} on {_days_text(nightlies.missing)}: skipped")
     run = bisect_releases(nightlies.builds, selection=selection, package=nightlies.package, index=index,
                           inherit=inherit, rerun=rerun, eval_timeout=eval_timeout, store=store, log=log)
-    return NightlyBisection.of(run, nightlies, selection, repo)
+    out = NightlyBisection.of(run, nightlies, selection, repo)
+    if repo is not None and nightlies.package == "torch" and out.main and "why" not in out.main \
+            and run.result.outcome is Outcome.FOUND:
+        into_the_day(out, strict=strict, on_path=on_path, rerun=rerun, eval_timeout=eval_timeout, store=store,
+                     log=log)
+    return out
+
+
+def into_the_day(found: NightlyBisection, *, strict: bool, on_path: Sequence[str], rerun: bool,
+                 eval_timeout: float, store: Optional[Path], log: Callable[[str], None]) -> None:
+    """Bisect the main commits between the last good and the first bad nightly as overlays on the two."""
+    res, m = found.run.result, found.main
+    pythons = [found.run.evaluations[i].python for i in (res.last_good, res.first_bad)]
+    if not all(p and Path(p).exists() for p in pythons):
+        found.inside_why = "a nightly's environment is gone: bisect again with --rerun"
+        return
+    if m["commits"] < 2:
+        found.inside_why = f"{m['commits']} main commit between the two nightlies: nothing to bisect"
+        return
+    log(f"inside the day: {m['commits']} main commits from {m['good_main'][:12]} to {m['bad_main'][:12]}")
+    try:
+        found.inside = bisect_commits(
+            checkout=found.repo.path, good=m["good_main"], bad=m["bad_main"], selection=found.selection,
+            binaries=[f"{pythons[0]}={m['good_main']}", f"{pythons[1]}={m['bad_main']}"], strict=strict,
+            on_path=on_path, rerun=rerun, eval_timeout=eval_timeout, store=store, log=log)
+    except UsageError as exc:
+        found.inside_why = str(exc)

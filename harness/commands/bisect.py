@@ -42,13 +42,25 @@ from harness.errors import UsageError
                    "Default: off when bisecting torch, on for any other package.")
 @click.option("--pytorch-repo", type=click.Path(file_okay=False, exists=True), default=None,
               help="Nightlies: a local pytorch clone with the nightly branch; the result gives the main commits "
-                   "between the last good and first bad nightly, those touching SyncBN's files, a compare link.")
+                   "between the last good and first bad nightly, those touching SyncBN's files, a compare link, "
+                   "and (for torch) bisects those commits as overlays on the two nightlies.")
 @click.option("--overlay", "overlay", type=click.Path(file_okay=False, exists=True), default=None, metavar="PATH",
               help="Bisect commits of this pytorch checkout: each is the installed torch with the commit's "
                    "torch/**/*.py laid over it (a cached tree per commit; the environment is not touched).")
 @click.option("--base", default=None, metavar="REV",
               help="With --overlay: the checkout's commit the installed torch was built from (default: its "
                    "torch.version.git_version; needed when the checkout does not hold that commit).")
+@click.option("--binary", "binaries", multiple=True, metavar="PYTHON=REV",
+              help="With --overlay: lay commits over this interpreter's torch, built from the checkout's commit REV "
+                   "(repeatable: each commit lies over the binary with the smaller compiled diff; the first is the "
+                   "good end's). Default: this interpreter's torch and --base.")
+@click.option("--on-path", "on_path", multiple=True, metavar="GLOB",
+              help="With --overlay: a compiled file matching GLOB is on SyncBN's path (repeatable; replaces the "
+                   "built-in set; case-insensitive, * crosses folders). A commit whose compiled diff from the "
+                   "binary touches the path is skipped; one whose diff is off the path is tested, approximately.")
+@click.option("--strict", is_flag=True,
+              help="With --overlay: every commit whose compiled sources differ from the binary's is skipped, and "
+                   "no Python-or-compiled question is asked first.")
 @click.option("--store", "store_dir", type=click.Path(file_okay=False), default=None,
               help="Keep every tested build's records in this store (one file per torch build: version and "
                    "commit), for report and diff; releases of another package share torch's file. Default: a store "
@@ -58,7 +70,8 @@ from harness.errors import UsageError
               help="Seconds for one build's run of the selection before it counts as untestable.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 def bisect(good, bad, selection, package, versions, builds_file, find_links, index_url, extra_index_urls, no_index,
-           pre, inherit, pytorch_repo, overlay, base, store_dir, rerun, eval_timeout, fmt):
+           pre, inherit, pytorch_repo, overlay, base, binaries, on_path, strict, store_dir, rerun, eval_timeout,
+           fmt):
     """Bisect builds (releases, wheels, interpreters, nightlies by day, or overlaid commits) for the first that
     fails the selection.
 
@@ -73,6 +86,12 @@ def bisect(good, bad, selection, package, versions, builds_file, find_links, ind
     common = dict(selection=selection, rerun=rerun, eval_timeout=eval_timeout,
                   store=Path(store_dir).absolute() if store_dir else None, log=lambda s: click.echo(s, err=True))
     nightly = is_nightly_spec(good) or is_nightly_spec(bad)
+    if not overlay:
+        into_day = nightly and pytorch_repo
+        for flag, value in (("--binary", binaries), ("--on-path", on_path), ("--strict", strict)):
+            if value and (flag == "--binary" or not into_day):
+                raise UsageError(f"{flag} applies only to --overlay PATH"
+                                 + ("" if flag == "--binary" else " or nightlies with --pytorch-repo") + ": drop it")
     if overlay:
         given = [f for f, v in (("--package", package), ("--versions", versions), ("--builds", builds_file),
                                 ("--pytorch-repo", pytorch_repo)) if v]
@@ -80,7 +99,8 @@ def bisect(good, bad, selection, package, versions, builds_file, find_links, ind
             raise UsageError(f"--overlay bisects commits of a checkout: {', '.join(given)} do not apply; drop them")
         from harness.bisect.commits import bisect_commits
 
-        result = bisect_commits(checkout=overlay, good=good, bad=bad, base=base, **common)
+        result = bisect_commits(checkout=overlay, good=good, bad=bad, base=base, binaries=binaries, strict=strict,
+                                on_path=on_path, **common)
     elif nightly:
         if not (is_nightly_spec(good) and is_nightly_spec(bad)):
             raise UsageError(f"--good {good!r} and --bad {bad!r}: bisecting nightlies needs both ends as days "
@@ -91,7 +111,7 @@ def bisect(good, bad, selection, package, versions, builds_file, find_links, ind
         from harness.bisect.nightly import bisect_nightlies
 
         result = bisect_nightlies(good=good, bad=bad, package=package, versions=versions, index=index,
-                                  inherit=inherit, pytorch_repo=pytorch_repo, **common)
+                                  inherit=inherit, pytorch_repo=pytorch_repo, strict=strict, on_path=on_path, **common)
     else:
         for flag, value in (("--base", base), ("--pytorch-repo", pytorch_repo)):
             if value:

@@ -5,7 +5,9 @@ impl, case) in the store (a re-run supersedes earlier records):
 
 - ``records`` frame: one row per record; ``metrics`` frame: one row per
   compared tensor (rank, step, tensor, max_abs_err, tol, ratio).
-- Per implementation, a build x case-family matrix: each cell holds the
+- Per implementation, a build x case-family matrix (builds by key, but an
+  overlay bisection's in their commits' order on the branch, approximate ones
+  marked ``~``: :mod:`harness.results.timeline`): each cell holds the
   counts per status and is colored by its worst status (:data:`SEVERITY`);
   failures the known-issues file expects count as ``known`` (their own
   color), so a cell is red only for what is new.
@@ -36,7 +38,7 @@ from typing import Optional, Sequence
 
 from harness import __version__
 from harness.errors import HarnessError, UsageError
-from harness.results import compile_stats, fingerprint
+from harness.results import compile_stats, fingerprint, timeline
 from harness.results.records import FAILURES, WORST_FIRST, RankStatus, Record
 from harness.results.store import Store, latest, record_key
 
@@ -242,9 +244,11 @@ def markdown_summary(df, store_dir, max_failures: int = 30) -> str:
         families = sorted({f for cells in matrix.values() for f in cells})
         lines += ["", f"## {impl}", "", "| build | " + " | ".join(families) + " |",
                   "|---|" + "---|" * len(families)]
-        for build in sorted(matrix):
+        for build, shown in timeline.rows(df, store_dir):
+            if build not in matrix:
+                continue
             cells = [_md_cell(matrix[build].get(f, {})) for f in families]
-            lines.append(f"| `{build}` | " + " | ".join(cells) + " |")
+            lines.append(f"| `{shown}` | " + " | ".join(cells) + " |")
     failing = df[df["status"].isin(FAILING)].sort_values(["known_issue", "impl", "build", "case"])
     n_known = int(failing["known_issue"].sum())
     lines += compile_stats.markdown_table(df)
@@ -316,15 +320,20 @@ def html_page(df, metrics, store_dir) -> str:
              "its color is its worst status.</p>",
              "<p class='legend'>" + "".join(f"<span class='status-{s}'>{LEGEND.get(s, s)}</span>" for s in SEVERITY)
              + "</p>"]
+    rows = timeline.rows(df, store_dir)
+    if any(shown.endswith("~") for _, shown in rows):
+        parts.append("<p>Builds marked ~ are approximate overlays: a commit's Python laid over a binary built "
+                     "from another commit, with compiled files that differ left out (the records' "
+                     "torch_git_version says how many).</p>")
     for impl in sorted(df["impl"].unique()):
-        parts.append(_impl_section(df, metrics, impl))
+        parts.append(_impl_section(df, metrics, impl, rows))
     parts.append(compile_stats.html_table(df))
     parts.append(_failing_table(df))
     parts.append("</body></html>")
     return "\n".join(parts)
 
 
-def _impl_section(df, metrics, impl: str) -> str:
+def _impl_section(df, metrics, impl: str, rows: list[tuple[str, str]]) -> str:
     matrix = status_matrix(df, impl)
     families = sorted({f for cells in matrix.values() for f in cells})
     sub = df[df["impl"] == impl]
@@ -333,7 +342,9 @@ def _impl_section(df, metrics, impl: str) -> str:
            f"<p>mode: {_e(modes)}; {len(sub)} records.</p>",
            f"<table class='matrix' data-impl='{_e(impl)}'><thead><tr><th>build</th>"
            + "".join(f"<th>{_e(f)}</th>" for f in families) + "</tr></thead><tbody>"]
-    for build in sorted(matrix):
+    for build, shown in rows:
+        if build not in matrix:
+            continue
         cells = []
         for fam in families:
             counts = matrix[build].get(fam)
@@ -343,7 +354,7 @@ def _impl_section(df, metrics, impl: str) -> str:
             worst = worst_status(counts)
             cells.append(f"<td class='cell status-{worst}' data-build='{_e(build)}' data-family='{_e(fam)}' "
                          f"data-worst='{worst}'>{_e(_cell_text(counts))}</td>")
-        out.append(f"<tr><th><code>{_e(build)}</code></th>{''.join(cells)}</tr>")
+        out.append(f"<tr><th><code>{_e(shown)}</code></th>{''.join(cells)}</tr>")
     out.append("</tbody></table>")
     png = scatter_png(metrics, impl)
     if png is None:

@@ -58,14 +58,14 @@ class NotAResultsFile(UsageError):
     """A file given as results holds none: not a run's JSON output, not a store file (exit 2)."""
 
 
-_OVERLAY = re.compile(r"^overlay of ([0-9a-f]+) on (\S+)$")
+_OVERLAY = re.compile(r"^overlay of ([0-9a-f]+) on (\S+)(?: \(approximate: .*\))?$")
 
 
 def build_key(torch_version: str, torch_git_version: str, device: str, backend: str) -> str:
     """File stem of a build: version, commit (12 digits), device, backend; safe as a file name.
 
     A Python overlay's git version ``overlay of <commit> on <base>`` gives ``<commit>-on-<base>`` (12
-    digits each), e.g. ``2.13.0+cpu-3f2a9c0d11aa-on-cf30153c4c13-cpu-gloo``.
+    digits each), e.g. ``2.13.0+cpu-3f2a9c0d11aa-on-cf30153c4c13-cpu-gloo``, approximate or not.
     """
     m = _OVERLAY.match(torch_git_version or "")
     commit = f"{m.group(1)[:12]}-on-{m.group(2)[:12]}" if m else (torch_git_version or "unknown")[:12]

@@ -1,4 +1,5 @@
-"""Overlay bisection: commits of a pytorch-shaped repository laid over the installed torch, for real.
+"""Overlay bisection under ``--strict`` (every compiled difference is a skip): commits of a pytorch-shaped
+repository laid over the installed torch, for real. (The default rules: ``test_overlay_kinds.py``.)
 
 The repository (git, in tmp_path) starts with the installed torch's own
 ``torch/nn/modules/batchnorm.py``, ``_functions.py`` and
@@ -14,14 +15,13 @@ The repository (git, in tmp_path) starts with the installed torch's own
 6. tests only
 7. a comment in distributed.py, the bad end
 
-The bisection must land on 3 in at most ceil(log2 8) + 2 = 5 tested builds, never touch the
+The strict bisection must land on 3 in at most ceil(log2 8) + 2 = 5 tested builds, never touch the
 installed torch, record every build under its overlay identity, and a second bisection must make
 and run nothing.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import subprocess
@@ -36,22 +36,10 @@ from harness.bisect.bisector import Outcome, Verdict
 from harness.bisect.checkout import CheckoutError
 from harness.bisect.commits import bisect_commits
 from harness.bisect.overlay import classify
-from harness.kernels.extension import cache_root
 from harness.results.store import Store, build_key
-from harness.selection import Selection
 from pytorch_repo import PytorchRepo
-
-CASE = "allgather-shape/uneven-2-6/float32-float32/channels_last/ws2"
-SELECTION = Selection(impls=("torch",), case_patterns=(CASE,), device="cpu", timeout=60)
-TORCH = Path(torch.__file__).parent
-FILES = ("torch/nn/modules/batchnorm.py", "torch/nn/modules/_functions.py", "torch/nn/parallel/distributed.py")
-COUNT = "            count = torch.full(\n                (1,),\n                input.numel() // input.size(1),\n"
-PLANTED = "            count = torch.full(\n                (1,),\n                input.size(0),\n"
-NATIVE = "aten/src/ATen/native/Normalization.cpp"
-
-
-def installed(rel: str) -> str:
-    return (TORCH.parent / rel).read_text()
+from torch_history import (CASE, COUNT, FILES, NATIVE, PLANTED, SELECTION, TORCH, installed, isolated_cache,
+                           snapshot)
 
 
 def make_history(path: Path) -> tuple[PytorchRepo, list[str]]:
@@ -71,17 +59,6 @@ def make_history(path: Path) -> tuple[PytorchRepo, list[str]]:
             repo.commit("DDP: comment in distributed.py",
                         {FILES[2]: installed(FILES[2]) + "\n# harmless comment\n"})]
     return repo, shas
-
-
-def snapshot(root: Path) -> dict:
-    """Every file under ``root``: size, mtime and (for .py) content hash."""
-    out = {}
-    for p in sorted(root.rglob("*")):
-        if p.is_file():
-            st = p.stat()
-            out[str(p)] = (st.st_size, st.st_mtime_ns,
-                           hashlib.sha256(p.read_bytes()).hexdigest() if p.suffix == ".py" else None)
-    return out
 
 
 def test_paths_sort_into_laid_over_compiled_and_other():
@@ -116,14 +93,6 @@ def test_too_far_and_unknown_base_are_refused_before_anything_is_made(tmp_path, 
     assert not (tmp_path / "cache" / "overlays").exists()
 
 
-def isolated_cache(tmp_path: Path, monkeypatch) -> None:
-    """A cache of its own for overlays and verdicts; the reference kernels stay this torch build's, already built."""
-    shared_kernels = cache_root() / "kernels"
-    monkeypatch.setenv("SYNCBN_HARNESS_CACHE", str(tmp_path / "cache"))
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "kernels").symlink_to(shared_kernels, target_is_directory=True)
-
-
 @pytest.mark.slow
 def test_overlay_bisection_finds_the_planted_commit_and_reuses_everything(tmp_path, monkeypatch, kernels):
     isolated_cache(tmp_path, monkeypatch)
@@ -133,13 +102,13 @@ def test_overlay_bisection_finds_the_planted_commit_and_reuses_everything(tmp_pa
 
     t0 = time.monotonic()
     first = bisect_commits(checkout=repo.path, good=shas[0], bad=shas[-1], base=shas[0], selection=SELECTION,
-                           store=store)
+                           store=store, strict=True)
     t_first = time.monotonic() - t0
     text = first.summary()
     run = first.run
     assert run.result.outcome is Outcome.FOUND, text
     assert (run.builds[run.result.first_bad].commit, run.builds[run.result.last_good].commit) == (shas[3], shas[2])
-    assert text.splitlines()[-2:] == [f"first bad commit: {shas[3]}", f"last good commit: {shas[2]}"]
+    assert text.splitlines()[-2:] == [f"first bad commit (Python): {shas[3]}", f"last good commit: {shas[2]}"]
     # The aten commit is settled untestable up front, never built; its revert is testable again.
     assert first.untestable.keys() == {4} and NATIVE in first.untestable[4]
     assert run.evaluations[4].verdict is Verdict.SKIP and shas[4] in text
@@ -170,13 +139,13 @@ def test_overlay_bisection_finds_the_planted_commit_and_reuses_everything(tmp_pa
     t0 = time.monotonic()
     env = {**os.environ, "SYNCBN_HARNESS_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, "-m", "harness", "bisect", "--overlay", str(repo.path), "--good", shas[0],
-                           "--bad", shas[-1], "--base", shas[0], *SELECTION.argv()],
+                           "--bad", shas[-1], "--base", shas[0], "--strict", *SELECTION.argv()],
                           capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
     t_second = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert lines[-3] == f"(0 builds tested, {run.stats['evaluated']} verdicts from cache, 0 overlays created)"
-    assert lines[-2:] == [f"first bad commit: {shas[3]}", f"last good commit: {shas[2]}"]
+    assert lines[-2:] == [f"first bad commit (Python): {shas[3]}", f"last good commit: {shas[2]}"]
     assert t_second < t_first / 3, (t_first, t_second)
 
 
@@ -189,7 +158,7 @@ def test_untestable_commits_next_to_the_defect_are_handed_to_bisect_script(tmp_p
     aten = repo.commit("aten: batch_norm_stats", {NATIVE: native + "// a change\n"})
     bad = repo.commit("Revert aten; SyncBatchNorm: count per rank",
                       {NATIVE: native, FILES[1]: installed(FILES[1]).replace(COUNT, PLANTED)})
-    got = bisect_commits(checkout=repo.path, good=base, bad=bad, base=base, selection=SELECTION)
+    got = bisect_commits(checkout=repo.path, good=base, bad=bad, base=base, selection=SELECTION, strict=True)
     text = got.summary()
     assert got.run.result.outcome is Outcome.AMBIGUOUS and got.run.result.candidates == [1, 2], text
     assert got.run.stats["evaluated"] == 2 and list(got.untestable) == [1]
