@@ -7,7 +7,8 @@
 - :mod:`~harness.bisect.driver`: the bisection of builds from a build source, tying these together;
 - :mod:`~harness.bisect.nightly`: nightlies by day, and what they were built from;
 - :mod:`~harness.bisect.checkout`: a local pytorch checkout, read with git;
-- :mod:`~harness.bisect.overlay`: a commit's Python laid over the installed torch (a build source);
+- :mod:`~harness.bisect.overlay`: a commit's Python laid over an installed torch (a build source);
+- :mod:`~harness.bisect.syncbn_path`: which compiled files are on SyncBN's path (untestable by overlay);
 - :mod:`~harness.bisect.commits`: the bisection of a checkout's commits as overlays;
 - :mod:`~harness.bisect.script`: the script ``git bisect run`` calls in a checkout;
 - :mod:`~harness.bisect.children`: child processes in their own process group, always reaped.

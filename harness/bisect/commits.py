@@ -58,7 +58,7 @@ from harness.bisect.builds import Build
 from harness.bisect.checkout import Checkout, CheckoutError
 from harness.bisect.driver import BisectRun, Judge, run_bisection
 from harness.bisect.overlay import PYTHON, RELEVANCE, STRICT, Binary, Overlays, Target, classify, probe_binary
-from harness.bisect.syncbn_path import ON_PATH, PathRule
+from harness.bisect.syncbn_path import COMPILED_PREFIXES, ON_PATH, PathRule
 from harness.bisect.verdicts import EVAL_TIMEOUT_S, Evaluation
 from harness.paths import cache_root
 from harness.results import timeline
@@ -180,16 +180,19 @@ class CommitBisection:
         commits git is to build (a pathspec of their files, and a skip for others that touch those files)."""
         sel = shlex.join(self.selection.argv())
         repo = shlex.quote(str(self.checkout.path))
-        narrow = ""
+        narrow, others = "", []
         if only is not None:
-            paths = sorted({f.split(" (")[0] for c in only for f in c["files"]})
+            # Off the path, every commit that changes compiled files is a suspect: the compiled folders.
+            paths = (sorted({f.split(" (")[0] for c in only for f in c["files"]}) if self.candidates
+                     else [p.rstrip("/") for p in COMPILED_PREFIXES])
             others = [c["commit"] for c in self.checkout.touching(good, bad, paths)
                       if c["commit"] not in {s["commit"] for s in only}]
             narrow = " -- " + " ".join(shlex.quote(p) for p in paths)
-            narrow += f" && git bisect skip {' '.join(others)}" if others else ""
         step = shlex.quote(str(self.checkout.path / "bisect-step.py"))
         return [f"    syncbn-harness bisect-script {sel} --build-cmd 'python setup.py develop' -o {step}",
-                f"    cd {repo} && git bisect start {bad} {good}{narrow} && git bisect run ./bisect-step.py"]
+                f"    cd {repo}", f"    git bisect start {bad[:12]} {good[:12]}{narrow}",
+                *([f"    git bisect skip {' '.join(c[:12] for c in others)}"] if others else []),
+                "    git bisect run ./bisect-step.py"]
 
     def kind_lines(self) -> list[str]:
         """What asking first said, and for a compiled culprit the commits to build."""
@@ -199,6 +202,12 @@ class CommitBisection:
             lines.append(f"~ approximate: {_plural(len(self.approximate), 'tested commit')} left compiled files "
                          "that differ from the binary out"
                          + (f", {on} of them on SyncBN's path" if on else ", none on SyncBN's path"))
+        if len(self.source.targets) > 1 and self.kind != COMPILED:
+            tested = sorted(i for i, ev in self.run.evaluations.items() if i not in self.untestable)
+            for t in self.source.targets:
+                over = [self.commit(i)[:12] for i in tested if self.source.plan(self.commit(i)).target == t]
+                if over:
+                    lines.append(f"laid over torch {t.binary.version} (base {t.base[:12]}): {' '.join(over)}")
         if self.kind != COMPILED:
             return lines
         good, bad = self.commit(0), self.commit(len(self.run.builds) - 1)
@@ -223,7 +232,9 @@ class CommitBisection:
             shas = " ".join(c["commit"] for c in self._suspects())
             where = "on SyncBN's path" if self.candidates else "(none on SyncBN's path)"
             n = len(self._suspects())
-            return [f"first bad commit is one of {_plural(n, 'compiled commit')} {where}: {shas}",
+            first = (f"first bad commit (compiled, the only one {where}): {shas}" if n == 1 and self.candidates
+                     else f"first bad commit is one of {_plural(n, 'compiled commit')} {where}: {shas}")
+            return [first,
                     f"last good commit: {self.commit(0)}"]
         if res.outcome not in (Outcome.FOUND, Outcome.AMBIGUOUS):
             return []
@@ -346,7 +357,9 @@ def bisect_commits(*, checkout: str | Path, good: str, bad: str, selection: Opti
             asked = (f"{words} passes: the failure comes with compiled changes of the range "
                      f"({_plural(len(left_out), 'compiled file')} differ)")
             log(asked)
-            return _compiled(builds, repo, source, selection, judge, asked)
+            result = _compiled(builds, repo, source, selection, judge, asked)
+            timeline.write(store, timeline_of(result))
+            return result
         if ev.verdict is Verdict.BAD:
             kind, known = PYTHON, {len(builds) - 1: ev}
             asked = f"{words} fails: the culprit is a Python change; every commit's Python laid over that binary"

@@ -164,6 +164,6 @@ def test_untestable_commits_next_to_the_defect_are_handed_to_bisect_script(tmp_p
     assert got.run.stats["evaluated"] == 2 and list(got.untestable) == [1]
     assert "the first bad commit may be one of them" in text
     assert f"syncbn-harness bisect-script {' '.join(SELECTION.argv())} --build-cmd" in text
-    assert f"git bisect start {bad} {base} && git bisect run" in text
+    assert f"    git bisect start {bad[:12]} {base[:12]}\n    git bisect run ./bisect-step.py" in text
     assert text.splitlines()[-2:] == [f"first bad commit: one of {aten} {bad}", f"last good commit: {base}"]
     assert got.to_dict()["first_bad_commit"] is None and got.to_dict()["first_bad_candidates"] == [aten, bad]

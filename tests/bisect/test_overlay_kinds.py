@@ -110,11 +110,14 @@ def test_a_compiled_culprit_on_the_path_is_named_with_the_commands_that_build_on
     assert lines[1] == "of the 4 commits in the range that change compiled files, 1 on SyncBN's path:"
     assert lines[2] == f"  {shas[3]}  cuda: batch_norm_elemt reads the wrong invstd  [{CUH}]"
     assert lines[-3] == "(1 builds tested, 0 verdicts from cache, 1 overlays created)"
-    assert lines[-2:] == [f"first bad commit is one of 1 compiled commit on SyncBN's path: {shas[3]}",
+    assert lines[-2:] == [f"first bad commit (compiled, the only one on SyncBN's path): {shas[3]}",
                           f"last good commit: {shas[0]}"]
     assert 1 <= most(len(shas))
     # The printed git bisect commands build only the suspect: run them with a stand-in for the build step.
-    command = next(line.strip() for line in lines if line.strip().startswith("cd "))
+    start = next(n for n, line in enumerate(lines) if line.startswith("    cd "))
+    end = next(n for n, line in enumerate(lines) if line == "    git bisect run ./bisect-step.py")
+    assert lines[start + 1] == f"    git bisect start {shas[-1][:12]} {shas[0][:12]} -- {CUH}"
+    command = " && ".join(line.strip() for line in lines[start:end + 1])
     step = tmp_path / "step.sh"
     step.write_text(f"#!/bin/sh\necho built >> {tmp_path}/built\n! grep -q defect {CUH}\n")
     step.chmod(0o755)

@@ -64,3 +64,12 @@ def test_operator_tables_are_on_the_path_only_when_a_syncbn_operator_changes(tmp
     assert PathRule(strict=True).on_path([YAML], checkout, base, other) == [YAML]
     # Entries added and removed count too.
     assert changed_entries("", NATIVE_FUNCTIONS, "- func:") == ["batch_norm_elemt", "batch_norm_stats", "linear"]
+
+
+def test_the_readme_lists_every_built_in_glob():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    section = readme[readme.index("## SyncBN's path"):]
+    section = section[:section.index("\n## ", 1)]
+    assert [g for g in ON_PATH if f"`{g}`" not in section] == []
