@@ -211,6 +211,11 @@ class CommitBisection:
         if self.kind != COMPILED:
             return lines
         good, bad = self.commit(0), self.commit(len(self.run.builds) - 1)
+        if not self.compiled_commits:
+            lines.append(f"no commit of the range changes compiled files: those that differ from the binary were "
+                         f"changed between its base {self.base[:12]} and the good end; lay the range over a binary "
+                         "built at the good end (its nightly) and bisect again")
+            return lines
         if self.candidates:
             lines.append(f"of the {_plural(self.compiled_commits, 'commit')} in the range that change compiled "
                          f"files, {len(self.candidates)} on SyncBN's path:")
@@ -228,6 +233,9 @@ class CommitBisection:
     def last_lines(self) -> list[str]:
         """The answer, of which kind, then ``last good commit: <sha>``, when the ends held."""
         res = self.run.result
+        if self.kind == COMPILED and not self.compiled_commits:
+            return ["first bad commit: unknown (compiled changes before the good end are needed to fail)",
+                    f"last good commit: {self.commit(0)}"]
         if self.kind == COMPILED:
             shas = " ".join(c["commit"] for c in self._suspects())
             where = "on SyncBN's path" if self.candidates else "(none on SyncBN's path)"
@@ -270,7 +278,9 @@ class CommitBisection:
                               "torch_dir": t.binary.torch_dir, "python": t.binary.python}
                              for t in self.source.targets],
                 "untestable": [{"commit": self.commit(i), "reason": why} for i, why in sorted(self.untestable.items())],
-                "approximate": [{"commit": self.commit(i), "reason": why}
+                "approximate": [{"commit": self.commit(i), "reason": why,
+                                 "compiled_left_out": self.source.plan(self.commit(i)).compiled,
+                                 "on_path": self.source.plan(self.commit(i)).on_path}
                                 for i, why in sorted(self.approximate.items())],
                 "first_bad_commit": self.commit(res.first_bad) if found else None,
                 "first_bad_candidates": ([c["commit"] for c in self._suspects()] if self.kind == COMPILED
@@ -311,7 +321,8 @@ def _targets(repo: Checkout, base: Optional[str], binaries: Sequence[str]) -> li
         if not sep or not python or not rev:
             raise CheckoutError(f"--binary {spec!r} is not PYTHON=REV: give an interpreter whose torch to lay "
                                 "commits over and the checkout's commit it was built from")
-        out.append(Target(probe_binary(python), repo.require(rev, f"--binary {spec}")))
+        base_sha = repo.require(rev, f"--binary {spec}")  # a wrong commit is refused before torch is imported
+        out.append(Target(probe_binary(python), base_sha))
     return out
 
 

@@ -162,12 +162,12 @@ class Plan:
         if not self.compiled or self.untestable:
             return None
         n = len(self.compiled)
-        files = f"{n} compiled file{'s' if n > 1 else ''}"
+        files = f"{n} compiled file{'s differ' if n > 1 else ' differs'} from the binary"
         if self.mode == PYTHON:
             where = (f"{len(self.on_path)} on SyncBN's path: {_some(self.on_path)}" if self.on_path
                      else "none on SyncBN's path")
-            return f"approximate: {files} differ from the binary and are left out, {where}"
-        return f"approximate: {files} differ from the binary, none on SyncBN's path"
+            return f"approximate: {files}, left out, {where}"
+        return f"approximate: {files}, none on SyncBN's path"
 
 
 def _some(paths: list[str], n: int = 3) -> str:

@@ -73,3 +73,27 @@ def test_the_readme_lists_every_built_in_glob():
     section = readme[readme.index("## SyncBN's path"):]
     section = section[:section.index("\n## ", 1)]
     assert [g for g in ON_PATH if f"`{g}`" not in section] == []
+
+
+def test_overlay_flags_out_of_place_or_malformed_are_usage_errors(tmp_path, capsys):
+    from harness.commands import load_commands, main
+
+    load_commands()
+    repo = PytorchRepo(tmp_path / "pytorch")
+    sha = repo.commit("base", {"README.md": "t\n"})
+    other = repo.commit("docs", {"README.md": "t\nmore\n"})
+    for args, msg in ((["--good", "torch==2.13.0", "--bad", "torch==2.14.1", "--strict"],
+                       "--strict applies only to --overlay PATH or nightlies with --pytorch-repo"),
+                      (["--good", "2026-10-01", "--bad", "2026-10-02", "--binary", "python=abc"],
+                       "--binary applies only to --overlay PATH"),
+                      (["--good", sha, "--bad", sha, "--overlay", str(repo.path)], "same commit"),
+                      (["--good", sha, "--bad", other, "--overlay", str(repo.path), "--binary", "python"],
+                       "--binary 'python' is not PYTHON=REV"),
+                      (["--good", sha, "--bad", other, "--overlay", str(repo.path), "--binary", "python=nosuch"],
+                       "--binary python=nosuch 'nosuch' is not a commit"),
+                      (["--good", "HEAD", "--bad", "nosuch", "--overlay", str(repo.path)], "--bad 'nosuch'")):
+        try:
+            main(["bisect", *args])
+        except SystemExit as exc:
+            assert exc.code == 2, (args, capsys.readouterr().err)
+        assert msg in capsys.readouterr().err, args
