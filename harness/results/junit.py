@@ -5,15 +5,41 @@ pass/failure/error/skipped, ``message``, ``type``, ``detail``), made by
 :func:`run_rows` for ``run`` and by :func:`harness.results.gate.junit_rows`
 for ``gate``. A known issue is a skip whose message says "known issue" and
 links it: a CI report shows it, and it fails nothing.
+
+Every text that reaches the file goes through :func:`xml_text` first: a
+character XML 1.0 cannot hold (NUL and the other C0 controls but tab, newline
+and carriage return; lone surrogates; U+FFFE, U+FFFF) becomes a visible
+escape (``\\x1b``, ``\\ud800``), as pytest does, so an ANSI colour code or a NUL
+in an exception message never makes a file a CI server refuses. A message
+attribute is cut to :data:`MAX_MESSAGE` characters and a detail text to
+:data:`MAX_DETAIL` (the record in the store keeps them whole).
 """
 
 from __future__ import annotations
 
 import collections
+import re
 import xml.etree.ElementTree as ET
 from typing import Sequence
 
 from harness.results.records import NOT_RUN, Record, Status
+
+MAX_MESSAGE = 4096
+MAX_DETAIL = 65536
+_ILLEGAL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _escape(m: re.Match) -> str:
+    c = ord(m.group(0))
+    return f"\\x{c:02x}" if c < 0x100 else f"\\u{c:04x}"
+
+
+def xml_text(text: object, limit: int = 0) -> str:
+    """``text`` with every character XML 1.0 cannot hold escaped visibly; cut to ``limit`` characters if set."""
+    s = _ILLEGAL.sub(_escape, str(text if text is not None else ""))
+    if limit and len(s) > limit:
+        s = s[:limit] + f"... ({len(s) - limit} more characters; the store has the whole text)"
+    return s
 
 
 def detail(record: Record) -> str:
@@ -41,17 +67,17 @@ def run_rows(records: Sequence[Record]) -> list[dict]:
 
 def write(rows: Sequence[dict], path: str, suite_name: str = "syncbn-harness") -> None:
     """Write ``rows`` as a JUnit XML test suite to ``path``."""
-    suite = ET.Element("testsuite", name=suite_name, tests=str(len(rows)))
+    suite = ET.Element("testsuite", name=xml_text(suite_name), tests=str(len(rows)))
     counts = collections.Counter(row["outcome"] for row in rows)
     for row in rows:
-        tc = ET.SubElement(suite, "testcase", classname=row["classname"], name=row["name"],
+        tc = ET.SubElement(suite, "testcase", classname=xml_text(row["classname"]), name=xml_text(row["name"]),
                            time=f"{float(row.get('time') or 0.0):.3f}")
         outcome = row["outcome"]
         if outcome in ("failure", "error"):
-            ET.SubElement(tc, outcome, message=row.get("message") or outcome,
-                          type=row.get("type") or outcome).text = row.get("detail") or ""
+            ET.SubElement(tc, outcome, message=xml_text(row.get("message") or outcome, MAX_MESSAGE),
+                          type=xml_text(row.get("type") or outcome)).text = xml_text(row.get("detail"), MAX_DETAIL)
         elif outcome == "skipped":
-            ET.SubElement(tc, "skipped", message=row.get("message") or "skipped")
+            ET.SubElement(tc, "skipped", message=xml_text(row.get("message") or "skipped", MAX_MESSAGE))
     suite.set("failures", str(counts["failure"]))
     suite.set("errors", str(counts["error"]))
     suite.set("skipped", str(counts["skipped"]))

@@ -219,10 +219,11 @@ def write_report(store_dir, out_dir="reports") -> ReportFiles:
     try:
         out.mkdir(parents=True, exist_ok=True)
         files = ReportFiles(out / "index.html", out / "summary.md", out / "records.csv", out / "metrics.csv")
-        df.to_csv(files.csv, index=False)
-        metrics.to_csv(files.metrics_csv, index=False)
-        files.markdown.write_text(markdown_summary(df, store_dir), encoding="utf-8")
-        files.html.write_text(html_page(df, metrics, store_dir), encoding="utf-8")
+        # A record's text may hold what UTF-8 cannot (a lone surrogate from a plugin): written as an escape.
+        df.to_csv(files.csv, index=False, errors="backslashreplace")
+        metrics.to_csv(files.metrics_csv, index=False, errors="backslashreplace")
+        files.markdown.write_text(markdown_summary(df, store_dir), encoding="utf-8", errors="backslashreplace")
+        files.html.write_text(html_page(df, metrics, store_dir), encoding="utf-8", errors="backslashreplace")
     except OSError as exc:
         raise ReportError(f"cannot write the report into {out}: {exc.strerror}; choose another with --out DIR") \
             from None
