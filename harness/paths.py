@@ -22,6 +22,9 @@ variable                        what it sets                                defa
                                 CPU's ISA flags
 ``SYNCBN_HARNESS_CHECK_WORKER`` internal: set by ``check`` for the worker   unset
                                 process it runs the cases in
+``SYNCBN_HARNESS_KILL_AT``      tests only: a point (``compact:<step>``)     unset
+                                at which the process kills itself with
+                                SIGKILL (:func:`kill_point`)
 ==============================  ==========================================  ======================================
 
 Protocol: each function reads its variable when called (never at import),
@@ -44,6 +47,7 @@ START_METHOD = "SYNCBN_HARNESS_START_METHOD"
 CHECK_WORKER = "SYNCBN_HARNESS_CHECK_WORKER"
 TORCH_PATH = "SYNCBN_HARNESS_TORCH_PATH"
 PORTABLE = "SYNCBN_HARNESS_PORTABLE"
+KILL_AT = "SYNCBN_HARNESS_KILL_AT"
 
 
 def setting(name: str) -> Optional[str]:
@@ -79,3 +83,12 @@ def found_cases_file(catalog_dir: Path) -> Path:
 def failure_logs_root() -> Path:
     """Where the rank logs of failing cases are kept (bounded: see :mod:`harness.engine.logs`)."""
     return cache_root() / "logs"
+
+
+def kill_point(name: str) -> None:
+    """Die here by SIGKILL when ``$SYNCBN_HARNESS_KILL_AT`` names this point: how the tests prove that a step
+    of a durable write (a store compaction) loses nothing whenever it is killed. A no-op otherwise."""
+    if setting(KILL_AT) == name:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)

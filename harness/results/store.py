@@ -25,7 +25,9 @@ Protocol:
   that holds newer records, so a run never mixes formats and loses nothing.
 - Nothing is ever rewritten in place: the store is append-only. A build may
   hold several records of one (case, impl) (runs without ``--resume``); readers
-  that want one take the last (:func:`latest`).
+  that want one take the last (:func:`latest`). Only ``store compact``
+  (:mod:`harness.results.compaction`) drops the earlier ones, by writing a new
+  file aside under the same lock and renaming it over the old.
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ class Store:
                 finally:
                     os.close(fd)
                 if created:
-                    _fsync_dir(self.path)
+                    fsync_dir(self.path)
         except Timeout:
             raise StoreError(f"store file {target} stayed locked for {LOCK_TIMEOUT_S:.0f}s ({lock}): another "
                              "process holds it; wait for it or remove a stale lock file") from None
@@ -198,7 +200,8 @@ def _last_byte(path: Path, size: int) -> bytes:
         return f.read(1)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a folder (its entries: a created or renamed file); silently a no-op where that cannot be done."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
