@@ -40,7 +40,7 @@ from harness import __version__
 from harness.errors import HarnessError, UsageError
 from harness.results import compile_stats, fingerprint, timeline
 from harness.results.records import FAILURES, WORST_FIRST, RankStatus, Record
-from harness.results.store import Store, latest, record_key
+from harness.results.store import record_key
 
 # The statuses that fail a run, worst first (from the Status enum).
 FAILING = tuple(s.value for s in WORST_FIRST if s in FAILURES)
@@ -68,8 +68,7 @@ class ReportFiles:
 
     html: Path
     markdown: Path
-    csv: Path
-    metrics_csv: Path
+    csv: list[Path]  # per build, with --csv
 
 
 def attribution(record: Record) -> str:
@@ -137,17 +136,17 @@ def worst_status(labels) -> str:
     return next((s for s in SEVERITY if s in kinds), "skipped")
 
 
-def status_matrix(df, impl: str) -> dict:
-    """``{build: {family: {label: count}}}`` for one implementation.
+def status_matrix(cells, impl: str) -> dict:
+    """``{build: {family: {label: count}}}`` for one implementation, from :attr:`Page.cells`.
 
     A label is a status, or ``"<status> (known)"`` for the failures the
     known-issues file expects (counted there and not under the plain status).
     """
-    sub = df[df["impl"] == impl]
     out: dict = {}
-    for (build, family, status, known), n in sub.groupby(["build", "family", "status", "known_issue"]).size().items():
-        label = f"{status} (known)" if known else status
-        out.setdefault(build, {}).setdefault(family, {})[label] = int(n)
+    for row in cells[cells["impl"] == impl].itertuples(index=False):
+        label = f"{row.status} (known)" if row.known_issue else row.status
+        cell = out.setdefault(row.build, {}).setdefault(row.family, {})
+        cell[label] = cell.get(label, 0) + int(row.n)
     return out
 
 
@@ -200,60 +199,142 @@ def scatter_png(metrics, impl: str) -> Optional[bytes]:
     return buf.getvalue()
 
 
-def load(store_dir) -> list[Record]:
-    """The latest record of each (build, impl, case) in the store; refuse an empty store."""
-    store = Store(store_dir)
-    records = latest(store.read())
-    if not records:
-        raise EmptyStore(f"the store {store_dir} holds no records: run `syncbn-harness run --store {store_dir}` "
-                          "first, or point --store at another directory")
-    return records
+MAX_FAILING = 200  # rows of the failing table on the page (the rest counted, and how to list them)
+MAX_COMPILED = 200  # rows of the compiled cases' table
+PLOT_SAMPLE = 400  # records per implementation whose tensors are plotted (the worst ones first)
 
 
-def write_report(store_dir, out_dir="reports") -> ReportFiles:
-    """Write ``index.html``, ``summary.md``, ``records.csv`` and ``metrics.csv`` into ``out_dir``."""
-    records = load(store_dir)
-    df = records_frame(records)
-    metrics = metrics_frame(records)
+@dataclass
+class Page:
+    """What the page and the summary show, gathered from the index in bounded memory.
+
+    ``cells``: one row per (build, impl, family, status, known_issue) with its count ``n``; ``builds``: each
+    build's key and torch_git_version; ``failing``/``compiled``: records frames of the rows shown, with the
+    totals they were cut from; ``plots``: per implementation the metrics frame of a sample and its size."""
+
+    store_dir: str
+    total: int
+    cells: object
+    builds: object
+    failing: object
+    failing_total: int
+    failing_known: int
+    compiled: object
+    compiled_total: int
+    plots: dict  # impl -> (metrics frame of the sample, records sampled, records with metrics)
+    modes: dict  # impl -> its modes, comma-separated
+
+
+def _frame(index, where: str, params: tuple, order: str, limit: int):
+    """A records frame of the latest records matching ``where``, in ``order``, at most ``limit``."""
+    rows = index.query(f"SELECT file, offset, length FROM latest WHERE {where} ORDER BY {order} LIMIT ?",
+                       (*params, limit))
+    return records_frame(list(index.load(rows)))
+
+
+def gather(store_dir) -> Page:
+    """The page's data: counts by SQL over the store's index, and only the records shown read back."""
+    import pandas as pd
+
+    from harness.results.index import refreshed
+
+    with refreshed(store_dir) as index:
+        ((total,),) = index.query("SELECT count(*) FROM latest")
+        if not total:
+            raise EmptyStore(f"the store {store_dir} holds no records: run `syncbn-harness run --store "
+                             f"{store_dir}` first, or point --store at another directory")
+        cells = pd.DataFrame(index.query("SELECT build, impl, family, status, known, count(*) FROM latest "
+                                         "GROUP BY build, impl, family, status, known"),
+                             columns=["build", "impl", "family", "status", "known_issue", "n"])
+        cells["known_issue"] = cells["known_issue"].astype(bool)
+        builds = pd.DataFrame(index.query("SELECT build, max(torch_git_version) FROM latest GROUP BY build"),
+                              columns=["build", "torch_git_version"])
+        failing_where = f"status IN ({', '.join('?' * len(FAILING))})"
+        ((failing_total, failing_known),) = index.query(
+            f"SELECT count(*), coalesce(sum(known), 0) FROM latest WHERE {failing_where}", FAILING)
+        failing = _frame(index, failing_where, FAILING, "known, impl, build, case_id", MAX_FAILING)
+        ((compiled_total,),) = index.query("SELECT count(*) FROM latest WHERE compiled = 1")
+        compiled = _frame(index, "compiled = 1", (), "impl, build, case_id", MAX_COMPILED)
+        plots = {}
+        for (impl,) in index.query("SELECT DISTINCT impl FROM latest ORDER BY impl"):
+            rows = index.query("SELECT file, offset, length FROM latest WHERE impl = ? AND has_metrics = 1 "
+                               "ORDER BY coalesce(worst_ratio, 0) > 1 DESC, (id * 2654435761) % 1000003 LIMIT ?",
+                               (impl, PLOT_SAMPLE))
+            ((with_metrics,),) = index.query("SELECT count(*) FROM latest WHERE impl = ? AND has_metrics = 1",
+                                             (impl,))
+            plots[impl] = (metrics_frame(list(index.load(rows))), len(rows), with_metrics)
+        modes = dict(index.query("SELECT impl, group_concat(DISTINCT mode) FROM latest GROUP BY impl"))
+    return Page(str(store_dir), total, cells, builds, failing, failing_total, failing_known, compiled,
+                compiled_total, plots, modes)
+
+
+def write_report(store_dir, out_dir="reports", csv: bool = False) -> ReportFiles:
+    """Write ``index.html`` and ``summary.md`` into ``out_dir`` (and with ``csv`` every build's records and
+    per-tensor metrics as ``csv/<build>.records.csv`` and ``csv/<build>.metrics.csv``)."""
+    page = gather(store_dir)
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        files = ReportFiles(out / "index.html", out / "summary.md", out / "records.csv", out / "metrics.csv")
+        files = ReportFiles(out / "index.html", out / "summary.md", [])
         # A record's text may hold what UTF-8 cannot (a lone surrogate from a plugin): written as an escape.
-        df.to_csv(files.csv, index=False, errors="backslashreplace")
-        metrics.to_csv(files.metrics_csv, index=False, errors="backslashreplace")
-        files.markdown.write_text(markdown_summary(df, store_dir), encoding="utf-8", errors="backslashreplace")
-        files.html.write_text(html_page(df, metrics, store_dir), encoding="utf-8", errors="backslashreplace")
+        files.markdown.write_text(markdown_summary(page), encoding="utf-8", errors="backslashreplace")
+        files.html.write_text(html_page(page), encoding="utf-8", errors="backslashreplace")
+        if csv:
+            files.csv = write_csv(store_dir, out / "csv")
     except OSError as exc:
         raise ReportError(f"cannot write the report into {out}: {exc.strerror}; choose another with --out DIR") \
             from None
     return files
 
 
+def write_csv(store_dir, out: Path) -> list[Path]:
+    """Per build, its latest records (one row each) and their compared tensors: one build in memory at a time."""
+    from harness.results.index import refreshed
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    with refreshed(store_dir) as index:
+        for (build,) in index.query("SELECT DISTINCT build FROM latest ORDER BY build"):
+            rows = index.query("SELECT file, offset, length FROM latest WHERE build = ? ORDER BY id", (build,))
+            records = list(index.load(rows))
+            for kind, frame in (("records", records_frame(records)), ("metrics", metrics_frame(records))):
+                path = out / f"{build}.{kind}.csv"
+                frame.to_csv(path, index=False, errors="backslashreplace")
+                written.append(path)
+    return written
+
+
 # --- Markdown -------------------------------------------------------------------------------------------------
 
-def markdown_summary(df, store_dir, max_failures: int = 30) -> str:
+def _more(shown: int, total: int, what: str, store_dir) -> str:
+    """What a capped table leaves out, and how to list it all."""
+    if total <= shown:
+        return ""
+    return (f"{total - shown} more {what} not shown: `syncbn-harness report --store {store_dir} --csv` writes "
+            "every record per build, or read the store's .jsonl files with jq")
+
+
+def markdown_summary(page: Page, max_failures: int = 30) -> str:
     """A summary fit for a CI job summary or an issue: per impl the matrix, then the failing cases."""
-    builds = sorted(df["build"].unique())
+    cells = page.cells
     lines = ["# SyncBN harness report", "",
-             f"{len(df)} records over {len(builds)} build(s) from `{store_dir}` "
+             f"{page.total} records over {len(page.builds)} build(s) from `{page.store_dir}` "
              f"(syncbn-harness {__version__}).", ""]
-    totals = df.groupby("status").size()
+    totals = cells.groupby("status")["n"].sum()
     lines.append("Totals: " + ", ".join(f"{int(totals[s])} {s}" for s in SEVERITY if s in totals) + ".")
-    for impl in sorted(df["impl"].unique()):
-        matrix = status_matrix(df, impl)
-        families = sorted({f for cells in matrix.values() for f in cells})
+    rows = timeline.rows(page.builds, page.store_dir)
+    for impl in sorted(cells["impl"].unique()):
+        matrix = status_matrix(cells, impl)
+        families = sorted({f for fams in matrix.values() for f in fams})
         lines += ["", f"## {impl}", "", "| build | " + " | ".join(families) + " |",
                   "|---|" + "---|" * len(families)]
-        for build, shown in timeline.rows(df, store_dir):
+        for build, shown in rows:
             if build not in matrix:
                 continue
-            cells = [_md_cell(matrix[build].get(f, {})) for f in families]
-            lines.append(f"| `{shown}` | " + " | ".join(cells) + " |")
-    failing = df[df["status"].isin(FAILING)].sort_values(["known_issue", "impl", "build", "case"])
-    n_known = int(failing["known_issue"].sum())
-    lines += compile_stats.markdown_table(df)
-    lines += ["", f"## Failing cases ({len(failing)}, {n_known} of them known issues)", ""]
+            lines.append(f"| `{shown}` | " + " | ".join(_md_cell(matrix[build].get(f, {})) for f in families) + " |")
+    lines += compile_stats.markdown_table(page.compiled)
+    failing = page.failing
+    lines += ["", f"## Failing cases ({page.failing_total}, {page.failing_known} of them known issues)", ""]
     if failing.empty:
         lines.append("None.")
     else:
@@ -265,8 +346,9 @@ def markdown_summary(df, store_dir, max_failures: int = 30) -> str:
             status = f"{row['status']}{known}" if row["known_issue"] else f"**{row['status']}**"
             lines.append(f"| {row['impl']} | `{row['build']}` | `{row['case']}` | {status} | "
                          f"{_md(row['ranks'])} | {_md(_first_line(row['message'], 160))} |")
-        if len(failing) > max_failures:
-            lines.append(f"\n... and {len(failing) - max_failures} more (see records.csv).")
+        more = _more(min(len(failing), max_failures), page.failing_total, "failing records", page.store_dir)
+        if more:
+            lines.append(f"\n{more}.")
     return "\n".join(lines) + "\n"
 
 
@@ -310,37 +392,40 @@ def _e(x) -> str:
     return html.escape(str(x if x is not None else ""))
 
 
-def html_page(df, metrics, store_dir) -> str:
-    """The whole self-contained HTML page (inline CSS, plots as data: URIs)."""
-    builds = sorted(df["build"].unique())
+def html_page(page: Page) -> str:
+    """The whole self-contained HTML page (inline CSS, plots as data: URIs), small whatever the store's size:
+    tables capped (with what they leave out and how to list it), plots over a sample."""
     parts = ["<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>",
              "<title>SyncBN harness report</title>", f"<style>{CSS}</style></head><body>",
              "<h1>SyncBN harness report</h1>",
-             f"<p>{len(df)} records over {len(builds)} build(s) from <code>{_e(store_dir)}</code>, "
+             f"<p>{page.total} records over {len(page.builds)} build(s) from <code>{_e(page.store_dir)}</code>, "
              f"syncbn-harness {_e(__version__)}. Each cell counts the (case) results of one build and case family; "
              "its color is its worst status.</p>",
              "<p class='legend'>" + "".join(f"<span class='status-{s}'>{LEGEND.get(s, s)}</span>" for s in SEVERITY)
              + "</p>"]
-    rows = timeline.rows(df, store_dir)
+    rows = timeline.rows(page.builds, page.store_dir)
     if any(shown.endswith("~") for _, shown in rows):
         parts.append("<p>Builds marked ~ are approximate overlays: a commit's Python laid over a binary built "
                      "from another commit, with compiled files that differ left out (the records' "
                      "torch_git_version says how many).</p>")
-    for impl in sorted(df["impl"].unique()):
-        parts.append(_impl_section(df, metrics, impl, rows))
-    parts.append(compile_stats.html_table(df))
-    parts.append(_failing_table(df))
+    for impl in sorted(page.cells["impl"].unique()):
+        parts.append(_impl_section(page, impl, rows))
+    parts.append(compile_stats.html_table(page.compiled))
+    more = _more(len(page.compiled), page.compiled_total, "compiled records", page.store_dir)
+    if more:
+        parts.append(f"<p class='more'>{_e(more)}.</p>")
+    parts.append(_failing_table(page))
     parts.append("</body></html>")
     return "\n".join(parts)
 
 
-def _impl_section(df, metrics, impl: str, rows: list[tuple[str, str]]) -> str:
-    matrix = status_matrix(df, impl)
+def _impl_section(page: Page, impl: str, rows: list[tuple[str, str]]) -> str:
+    matrix = status_matrix(page.cells, impl)
     families = sorted({f for cells in matrix.values() for f in cells})
-    sub = df[df["impl"] == impl]
-    modes = ", ".join(sorted({str(m) for m in sub["mode"].dropna().unique()})) or "-"
+    n = int(page.cells.loc[page.cells["impl"] == impl, "n"].sum())
+    modes = ", ".join(sorted(m for m in str(page.modes.get(impl) or "").split(",") if m)) or "-"
     out = [f"<section class='impl' id='impl-{_e(impl)}'><h2>{_e(impl)}</h2>",
-           f"<p>mode: {_e(modes)}; {len(sub)} records.</p>",
+           f"<p>mode: {_e(modes)}; {n} records.</p>",
            f"<table class='matrix' data-impl='{_e(impl)}'><thead><tr><th>build</th>"
            + "".join(f"<th>{_e(f)}</th>" for f in families) + "</tr></thead><tbody>"]
     for build, shown in rows:
@@ -357,17 +442,19 @@ def _impl_section(df, metrics, impl: str, rows: list[tuple[str, str]]) -> str:
                          f"data-worst='{worst}'>{_e(_cell_text(counts))}</td>")
         out.append(f"<tr><th><code>{_e(shown)}</code></th>{''.join(cells)}</tr>")
     out.append("</tbody></table>")
-    png = scatter_png(metrics, impl)
+    metrics, sampled, with_metrics = page.plots.get(impl, (None, 0, 0))
+    png = scatter_png(metrics, impl) if metrics is not None else None
     if png is None:
         out.append("<p class='noplot'>No compared tensors (nothing ran to completion).</p>")
     else:
-        sub_m = metrics[metrics["impl"] == impl]
-        shown = plottable(sub_m)
-        left_out = len(sub_m) - len(shown)
+        shown = plottable(metrics)
+        left_out = len(metrics) - len(shown)
         zeros = int((shown["max_abs_err"] == 0).sum())
+        sample = (f" of {sampled} of the {with_metrics} records (a sample, those out of tolerance first)"
+                  if sampled < with_metrics else "")
         out.append(f"<figure><img class='plot' alt='error against tolerance for {_e(impl)}' "
                    f"src='data:image/png;base64,{base64.b64encode(png).decode()}'>"
-                   f"<figcaption>{len(shown)} of {len(sub_m)} compared tensors plotted"
+                   f"<figcaption>{len(shown)} of {len(metrics)} compared tensors plotted{sample}"
                    + (f" ({left_out} left out: a structural mismatch, a non-finite value or a zero tolerance has no "
                       "place on a log-log plot; see the failing cases below)" if left_out else "")
                    + f"; {zeros} exact (drawn at the bottom). The tolerance is the one at the element with the "
@@ -376,13 +463,16 @@ def _impl_section(df, metrics, impl: str, rows: list[tuple[str, str]]) -> str:
     return "\n".join(out)
 
 
-def _failing_table(df) -> str:
-    failing = df[df["status"].isin(FAILING)].sort_values(["known_issue", "impl", "build", "case"])
-    n_known = int(failing["known_issue"].sum())
-    out = [f"<section id='failing'><h2>Failing cases ({len(failing)}, {n_known} of them known issues)</h2>"]
+def _failing_table(page: Page) -> str:
+    failing = page.failing
+    out = [f"<section id='failing'><h2>Failing cases ({page.failing_total}, {page.failing_known} of them known "
+           "issues)</h2>"]
     if failing.empty:
         out.append("<p>None.</p></section>")
         return "\n".join(out)
+    more = _more(len(failing), page.failing_total, "failing records", page.store_dir)
+    if more:
+        out.append(f"<p class='more'>The first {len(failing)}, unexpected failures first. {_e(more)}.</p>")
     out.append("<table class='failing'><thead><tr><th>impl</th><th>build</th><th>case</th><th>status</th>"
                "<th>ranks</th><th>worst err/tol</th><th>message</th></tr></thead><tbody>")
     for _, row in failing.iterrows():

@@ -93,10 +93,11 @@ def store(tmp_path_factory):
 @pytest.fixture(scope="module")
 def report(store):
     tmp, cases = store
-    proc = run(["report", "--store", "store", "--out", "out"], harness_env(tmp), cwd=tmp)
+    proc = run(["report", "--store", "store", "--out", "out", "--csv"], harness_env(tmp), cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split() == [str(Path("out") / f) for f in
-                                   ("index.html", "summary.md", "records.csv", "metrics.csv")]
+    builds = Store(tmp / "store").builds()
+    assert proc.stdout.split() == [str(Path("out") / f) for f in ("index.html", "summary.md")] + [
+        str(Path("out") / "csv" / f"{b}.{kind}.csv") for b in builds for kind in ("records", "metrics")]
     return tmp / "out", cases
 
 
@@ -128,8 +129,10 @@ def test_markdown_and_csv(report):
     assert "rank 1: crash SIGSEGV" in md
     # A known issue reads as one, not bold like a new failure, with its link.
     assert "| 1 crash (known) |" in md and "crash ([known](https://github.com/pytorch/pytorch/pull/74944))" in md
-    with open(out / "records.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = []
+    for path in sorted((out / "csv").glob("*.records.csv")):  # one file per build
+        with open(path, newline="") as f:
+            rows += list(csv.DictReader(f))
     assert len(rows) == 8 and {r["status"] for r in rows} == {"pass", "mismatch", "crash"}
     assert {r["case"] for r in rows} == set(cases) | {KNOWN_CASE} and "param.dtype" in rows[0]
     assert [r["known_issue"] for r in rows if r["case"] == KNOWN_CASE] == ["True"]

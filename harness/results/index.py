@@ -1,0 +1,255 @@
+"""A derived, deletable SQLite index of a store: what ``report`` needs of every record, in bounded memory.
+
+The ``.jsonl`` files stay the truth (and the CI artifact, readable with
+``jq``); the index only makes reading them cheap. It holds one row per record
+line: where the line is (file, byte offset, length) and the few fields a
+report groups and sorts by (build, implementation, case, family, status,
+known issue, worst err/tol, whether it was compiled). Everything else is read
+back from the file at that offset, for the few records a page shows
+(:meth:`Index.load`). Deleting the index loses nothing: the next command
+rebuilds it.
+
+Where: ``<store>/.syncbn-index.sqlite3``; when the store folder is not
+writable (a downloaded artifact), ``<cache>/indexes/<hash of the folder>.sqlite3``.
+SQLite from the standard library: no server, one file, transactions, and
+``GROUP BY`` over a million rows in a second or two.
+
+Bringing it up to date (:meth:`Index.update`), per build file, protocol:
+- a file not indexed yet, or whose identity changed (another inode or
+  device, or it shrank, or its first bytes differ: a compaction or a copy),
+  is indexed from its first byte, its old rows dropped;
+- otherwise only the bytes after the last indexed offset are read (the files
+  are append-only), and only whole lines (a line still being written, without
+  its newline, waits for the next update);
+- a line that is not a record (a torn tail) is skipped, as the store's reader
+  does; a record of a newer schema refuses the file (:class:`StoreError`);
+- a file gone from the folder has its rows dropped.
+Rows are inserted in batches inside one transaction per file, so an
+interrupted update leaves the previous state of that file.
+
+The latest record of each (build, implementation, case), what every reader
+reads, is the one with the highest row id (rows are inserted in file order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Optional
+
+from harness import SCHEMA_VERSION
+from harness.paths import cache_root
+from harness.judge.metric import Metric, worst_ratio
+from harness.results.records import Record
+from harness.results.store import StoreError, migrate
+
+NAME = ".syncbn-index.sqlite3"
+FORMAT = 1  # of the index itself: a different one is rebuilt
+HEAD = 256  # bytes of a file's start kept to notice a file replaced by another
+BATCH = 2000
+_COLUMNS = ("file", "offset", "length", "build", "impl", "case_id", "family", "status", "known", "known_link",
+            "worst_ratio", "torch_git_version", "compiled", "has_metrics", "mode")
+
+
+@dataclass
+class Refreshed:
+    """What one update did: files read, new rows, files indexed from the start, bytes read."""
+
+    files: int = 0
+    rows: int = 0
+    reindexed: int = 0
+    bytes_read: int = 0
+
+
+def location(store_dir: Path) -> Path:
+    """Where the index of ``store_dir`` lives (see the module docstring)."""
+    if os.access(store_dir, os.W_OK | os.X_OK):
+        return store_dir / NAME
+    digest = hashlib.sha256(str(store_dir.resolve()).encode()).hexdigest()[:16]
+    return cache_root() / "indexes" / f"{digest}.sqlite3"
+
+
+def _row(d: dict, file: str, offset: int, length: int) -> tuple:
+    known = d.get("known_issue") or {}
+    metrics = d.get("metrics") or {}
+    ratio = worst_ratio([Metric.from_dict(m) for m in metrics.values() if isinstance(m, dict)])
+    return (file, offset, length, file[:-len(".jsonl")], d["impl"], d["case"], d.get("family") or "",
+            d["status"], int(bool(known.get("matched"))), known.get("link") or "", ratio,
+            str(d.get("torch_git_version") or ""), int(bool(d.get("compile"))), int(bool(metrics)),
+            str(d.get("mode") or ""))
+
+
+class Index:
+    """The index of one store folder (see the module docstring)."""
+
+    def __init__(self, store_dir: os.PathLike | str):
+        self.store = Path(store_dir)
+        self.path = location(self.store)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = sqlite3.connect(self.path, timeout=60)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self._latest = False  # whether temp.latest is made (and up to date)
+        self._schema()
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> "Index":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _schema(self) -> None:
+        version = self.db.execute("PRAGMA user_version").fetchone()[0]
+        if version != FORMAT:
+            self.db.executescript("DROP TABLE IF EXISTS files; DROP TABLE IF EXISTS records;")
+        self.db.executescript(f"""
+            CREATE TABLE IF NOT EXISTS files (name TEXT PRIMARY KEY, dev INTEGER, ino INTEGER, size INTEGER,
+                                              head BLOB);
+            CREATE TABLE IF NOT EXISTS records (id INTEGER PRIMARY KEY, file TEXT, offset INTEGER, length INTEGER,
+                build TEXT, impl TEXT, case_id TEXT, family TEXT, status TEXT, known INTEGER, known_link TEXT,
+                worst_ratio REAL, torch_git_version TEXT, compiled INTEGER, has_metrics INTEGER, mode TEXT);
+            CREATE INDEX IF NOT EXISTS records_key ON records (build, impl, case_id, id);
+            CREATE INDEX IF NOT EXISTS records_file ON records (file);
+            PRAGMA user_version = {FORMAT};
+        """)
+
+    # ------------------------------------------------------------------ bringing it up to date
+
+    def update(self) -> Refreshed:
+        """Index what the store's files hold beyond what is indexed (see the module docstring)."""
+        done = Refreshed()
+        self._latest = False
+        present = sorted(p.name for p in self.store.glob("*.jsonl")) if self.store.is_dir() else []
+        for (gone,) in self.db.execute("SELECT name FROM files").fetchall():
+            if gone not in present:
+                with self.db:
+                    self.db.execute("DELETE FROM records WHERE file = ?", (gone,))
+                    self.db.execute("DELETE FROM files WHERE name = ?", (gone,))
+        for name in present:
+            self._update_file(name, done)
+        return done
+
+    def _update_file(self, name: str, done: Refreshed) -> None:
+        path = self.store / name
+        try:
+            st = path.stat()
+            with open(path, "rb") as f:
+                head = f.read(HEAD)
+        except OSError:
+            return
+        known = self.db.execute("SELECT dev, ino, size, head FROM files WHERE name = ?", (name,)).fetchone()
+        start = 0
+        if known is not None:
+            dev, ino, size, old_head = known
+            same = (dev, ino) == (st.st_dev, st.st_ino) and st.st_size >= size and head[:len(old_head)] == old_head
+            if same and st.st_size == size:
+                return
+            if same:
+                start = size
+            else:
+                done.reindexed += 1
+        done.files += 1
+        with self.db:  # one transaction: an interrupted update leaves this file as it was
+            if start == 0:
+                self.db.execute("DELETE FROM records WHERE file = ?", (name,))
+            end = start
+            batch = []
+            for offset, line in _lines(path, start):
+                end = offset + len(line)
+                batch.extend(self._rows(name, path, offset, line))
+                if len(batch) >= BATCH:
+                    self._insert(batch)
+                    done.rows += len(batch)
+                    batch = []
+            self._insert(batch)
+            done.rows += len(batch)
+            done.bytes_read += end - start
+            self.db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)",
+                            (name, st.st_dev, st.st_ino, end, head[:min(HEAD, end)]))
+
+    def _rows(self, name: str, path: Path, offset: int, line: bytes) -> list[tuple]:
+        try:
+            d = json.loads(line)
+        except ValueError:
+            return []  # a torn tail: the store's reader drops it too, with its warning
+        if not isinstance(d, dict) or not isinstance(d.get("case"), str) or not isinstance(d.get("impl"), str):
+            return []
+        if int(d.get("schema_version") or 1) > SCHEMA_VERSION:
+            migrate(d, f"{path}:{offset}")  # raises, naming the harness release needed
+        return [_row(d, name, offset, len(line))]
+
+    def _insert(self, rows: list[tuple]) -> None:
+        if rows:
+            self.db.executemany(f"INSERT INTO records ({', '.join(_COLUMNS)}) VALUES "
+                                f"({', '.join('?' * len(_COLUMNS))})", rows)
+
+    # ------------------------------------------------------------------ queries
+
+    LATEST = "SELECT * FROM records WHERE id IN (SELECT max(id) FROM records GROUP BY build, impl, case_id)"
+
+    def query(self, sql: str, params: Iterable = ()) -> list[tuple]:
+        """``sql`` over the index; the table ``latest`` holds the latest record of each (build, impl, case),
+        made once per connection (after :meth:`update`) so that many queries do not each group the records."""
+        if not self._latest:
+            self.db.executescript(f"DROP TABLE IF EXISTS temp.latest; CREATE TEMP TABLE latest AS {self.LATEST}; "
+                                  "CREATE INDEX temp.latest_impl ON latest (impl, has_metrics); "
+                                  "CREATE INDEX temp.latest_status ON latest (status);")
+            self._latest = True
+        return self.db.execute(sql, tuple(params)).fetchall()
+
+    def load(self, locations: Iterable[tuple[str, int, int]]) -> Iterator[Record]:
+        """The records at ``(file, offset, length)``, read back from the store's files."""
+        handles: dict[str, object] = {}
+        try:
+            for file, offset, length in locations:
+                f = handles.get(file)
+                if f is None:
+                    f = handles[file] = open(self.store / file, "rb")
+                f.seek(offset)
+                raw = f.read(length)
+                try:
+                    yield Record.from_dict(migrate(json.loads(raw), f"{self.store / file}:{offset}"))
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise StoreError(f"{self.store / file} changed under the index at byte {offset} ({exc}): "
+                                     f"delete {self.path} and run again") from None
+        finally:
+            for f in handles.values():
+                f.close()
+
+
+def _lines(path: Path, start: int) -> Iterator[tuple[int, bytes]]:
+    """Whole lines from byte ``start`` on (a last line without its newline is left for later), with offsets."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        offset = start
+        for line in f:
+            if not line.endswith(b"\n"):
+                return
+            if line.strip():
+                yield offset, line
+            offset += len(line)
+
+
+def refreshed(store_dir: os.PathLike | str) -> Index:
+    """The store's index, brought up to date."""
+    index = Index(store_dir)
+    try:
+        index.update()
+    except BaseException:
+        index.close()
+        raise
+    return index
+
+
+def count(store_dir: os.PathLike | str) -> Optional[int]:
+    """How many latest records the store holds, or None when it has no file."""
+    with refreshed(store_dir) as index:
+        (n,) = index.query("SELECT count(*) FROM latest")[0]
+        return n or None

@@ -1,0 +1,93 @@
+"""The store's index: incremental from each file's last indexed byte, rebuilt when a file is replaced,
+deletable; and a report over it that stays small whatever the store holds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harness.results.compaction import compact
+from harness.results.index import Index, refreshed
+from harness.results.records import Record, Status
+from harness.results.report import MAX_FAILING, write_report
+from harness.results.store import Store, StoreError
+
+GIT = "cf30153c4c131c8164ee7798e5022d810682e2cb"
+
+
+def record(case: str, status: Status = Status.PASS, impl: str = "torch", message: str = "",
+           git: str = GIT) -> Record:
+    return Record(case=case, family=case.split("/")[0], params={}, impl=impl, status=status, message=message,
+                  torch_version="2.13.0+cpu", torch_git_version=git)
+
+
+def latest_rows(store_dir) -> list[tuple]:
+    with refreshed(store_dir) as index:
+        return index.query("SELECT build, impl, case_id, status FROM latest ORDER BY build, impl, case_id")
+
+
+def test_updates_read_only_what_was_appended_and_rebuild_what_was_replaced(tmp_path):
+    store = Store(tmp_path / "store")
+    for i in range(5):
+        store.append(record(f"module-config/c{i}/ws2"))
+    path = store.file_for(store.builds()[0])
+    with Index(store.path) as index:
+        first = index.update()
+        assert (first.files, first.rows, first.reindexed) == (1, 5, 0) and first.bytes_read == path.stat().st_size
+        assert index.update().files == 0  # nothing new: the file is not read
+    size = path.stat().st_size
+    store.append(record("module-config/c0/ws2", Status.MISMATCH, message="worse"))
+    with open(path, "ab") as f:
+        f.write(b'{"case": "torn')  # a line still being written (or a writer killed mid-line)
+    with Index(store.path) as index:
+        again = index.update()
+        assert (again.rows, again.reindexed) == (1, 0) and again.bytes_read == path.stat().st_size - size - 14
+    rows = latest_rows(store.path)
+    assert len(rows) == 5 and ("2.13.0+cpu-cf30153c4c13-cpu-gloo", "torch", "module-config/c0/ws2", "mismatch") \
+        in rows
+    # The torn line is completed by the next append's newline and skipped as the store's reader skips it.
+    store.append(record("module-config/c5/ws2"))
+    assert len(latest_rows(store.path)) == 6
+    # A compaction replaces the file: the index notices and reads it from the start.
+    compact(store.path)
+    with Index(store.path) as index:
+        assert index.update().reindexed == 1
+    assert len(latest_rows(store.path)) == 6
+    # The index is derived: deleting it loses nothing.
+    Index(store.path).path.unlink()
+    assert len(latest_rows(store.path)) == 6
+    # A file removed from the store takes its rows with it.
+    store.append(record("module-config/c0/ws2", git="f" * 40))
+    assert len(latest_rows(store.path)) == 7
+    store.file_for("2.13.0+cpu-ffffffffffff-cpu-gloo").unlink()
+    assert len(latest_rows(store.path)) == 6
+
+
+def test_a_newer_schema_is_refused_naming_the_release(tmp_path):
+    store = Store(tmp_path / "store")
+    store.append(record("module-config/c0/ws2"))
+    d = record("module-config/c1/ws2").to_dict()
+    d["schema_version"] = 99
+    with open(store.file_for(store.builds()[0]), "a") as f:
+        f.write(json.dumps(d) + "\n")
+    with pytest.raises(StoreError, match="schema"):
+        refreshed(store.path).close()
+
+
+def test_the_report_stays_small_and_says_what_it_leaves_out(tmp_path):
+    store = Store(tmp_path / "store")
+    n = MAX_FAILING * 5
+    for i in range(n):
+        store.append(record(f"module-config/c{i}/ws2", Status.MISMATCH, message="m" * 2000))
+    files = write_report(store.path, tmp_path / "out")
+    page = files.html.read_text()
+    assert page.count("<tr class='status-row'") == MAX_FAILING
+    assert f"Failing cases ({n}, 0 of them known issues)" in page
+    assert f"{n - MAX_FAILING} more failing records not shown" in page and "--csv" in page
+    assert len(page) < n * 2000 / 2  # far smaller than what the records hold
+    assert files.csv == []  # bulk exports are asked for
+    csv = write_report(store.path, tmp_path / "out2", csv=True).csv
+    assert [p.name for p in csv] == ["2.13.0+cpu-cf30153c4c13-cpu-gloo.records.csv",
+                                     "2.13.0+cpu-cf30153c4c13-cpu-gloo.metrics.csv"]
+    assert sum(1 for _ in open(csv[0])) == n + 1
