@@ -136,7 +136,8 @@ def test_the_plans_harness_commands_parse_here_and_say_why_nothing_ran(tmp_path)
 
 def test_a_report_of_records_that_compared_nothing_has_numeric_metrics():
     """A store of skipped records only (the GPU suite on a machine without one) still gets its report."""
-    from harness.results.report import metrics_frame, plottable
+    from harness.results.frames import metrics_frame
+    from harness.results.plots import plottable
 
     frame = metrics_frame([])
     assert all(frame[c].dtype == float for c in ("max_abs_err", "max_rel_err", "tol", "ratio"))

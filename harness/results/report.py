@@ -1,25 +1,32 @@
-"""Reports over the store: a self-contained HTML page, a Markdown summary and CSV.
+"""Reports over the store: a self-contained HTML page and a Markdown summary (CSV per build on request).
 
-Everything is computed with pandas from the latest record of each (build,
-impl, case) in the store (a re-run supersedes earlier records):
+What they show is gathered from the store's index in bounded memory
+(:mod:`harness.results.page`: counts by SQL, only the records shown read back)
+from the latest record of each (build, impl, case) (a re-run supersedes
+earlier records):
 
-- ``records`` frame: one row per record; ``metrics`` frame: one row per
-  compared tensor (rank, step, tensor, max_abs_err, tol, ratio).
 - Per implementation, a build x case-family matrix (builds by key, but an
   overlay bisection's in their commits' order on the branch, approximate ones
   marked ``~``: :mod:`harness.results.timeline`): each cell holds the
   counts per status and is colored by its worst status (:data:`SEVERITY`);
   failures the known-issues file expects count as ``known`` (their own
   color), so a cell is red only for what is new.
-- The failing cases with their messages, the ranks to blame, what each rank
-  said (its collectives, :mod:`harness.results.fingerprint`), the first
-  collective the ranks disagreed on, and what a debug re-run said.
+- The failing cases (the first :data:`~harness.results.page.MAX_FAILING`,
+  unexpected ones first; the page says how many more and how to list them)
+  with their messages, the ranks to blame, what each rank said (its
+  collectives, :mod:`harness.results.fingerprint`), the first collective the
+  ranks disagreed on, and what a debug re-run said.
 - The compiled cases (``torch.compile``): per record the options, graphs,
   graph breaks, frames run eagerly, recompiles and the comparison with the
   eager run (:mod:`harness.results.compile_stats`), the reasons folded under.
-- Error against tolerance, per tensor, log-log (matplotlib, Agg), one plot per
-  implementation, one color per build; points above the diagonal failed.
+- Error against tolerance, per tensor, log-log (:mod:`harness.results.plots`),
+  one plot per implementation over a sample of its records, one color per
+  build; points above the diagonal failed.
+- With ``csv``, per build its latest records and their compared tensors
+  (:mod:`harness.results.frames`), one build in memory at a time.
 
+Every value that comes from a record or an implementation is escaped
+(:func:`_e`, ``html.escape`` with quotes).
 The HTML has no external script, style, font or image: CSS is inline and
 plots are PNG ``data:`` URIs, so the file can be attached to an issue or
 archived by CI as one artifact. The Markdown fits a CI job summary.
@@ -29,21 +36,17 @@ from __future__ import annotations
 
 import base64
 import html
-import io
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
 
 from harness import __version__
-from harness.errors import HarnessError, UsageError
-from harness.results import compile_stats, fingerprint, timeline
-from harness.results.records import FAILURES, WORST_FIRST, RankStatus, Record
-from harness.results.store import record_key
+from harness.errors import HarnessError
+from harness.results import compile_stats, timeline
+from harness.results.page import FAILING, Page, gather, write_csv
+from harness.results.plots import plottable, scatter_png
+from harness.results.records import FAILURES, WORST_FIRST
 
-# The statuses that fail a run, worst first (from the Status enum).
-FAILING = tuple(s.value for s in WORST_FIRST if s in FAILURES)
 # Worst first: a cell takes the color of its worst status; "known" is a failure the known-issues file expects.
 SEVERITY = FAILING + ("known",) + tuple(s.value for s in WORST_FIRST if s not in FAILURES)
 COLORS = {
@@ -58,10 +61,6 @@ class ReportError(HarnessError):
     """The output directory cannot be written (exit 3)."""
 
 
-class EmptyStore(UsageError):
-    """The store holds no records: nothing to report (exit 2, like any store or build that is not there)."""
-
-
 @dataclass
 class ReportFiles:
     """Paths of what :func:`write_report` wrote."""
@@ -69,60 +68,6 @@ class ReportFiles:
     html: Path
     markdown: Path
     csv: list[Path]  # per build, with --csv
-
-
-def attribution(record: Record) -> str:
-    """Which ranks failed and how: ``rank 1: crash SIGSEGV; rank 0: peer-failed``."""
-    parts = []
-    for o in record.ranks:
-        if o.status is RankStatus.PASS:
-            continue
-        if o.status is RankStatus.PEER_FAILED:
-            parts.append(f"rank {o.rank}: {o.status.value}")
-            continue
-        how = o.signal or o.exception_type or (f"exit {o.exit_code}" if o.exit_code not in (None, 0) else "")
-        parts.append(f"rank {o.rank}: {o.status.value}" + (f" {how}" if how else ""))
-    return "; ".join(parts)
-
-
-def records_frame(records: Sequence[Record]):
-    """One row per record: build, impl, case, family, status, worst err/tol, attribution, params..."""
-    import pandas as pd
-
-    rows = []
-    for r in records:
-        row = {"build": record_key(r), "torch_version": r.torch_version, "torch_git_version": r.torch_git_version,
-               "device": r.device, "backend": r.backend, "impl": r.impl, "impl_version": r.impl_version,
-               "mode": r.mode, "case": r.case, "family": r.family, "status": r.status.value,
-               "known_issue": r.known,
-               "known_link": r.known_issue.link if r.known_issue else "",
-               "worst_ratio": r.worst_ratio, "message": r.message, "ranks": attribution(r),
-               "collectives": "\n".join(fingerprint.per_rank(r)) if r.status.value in FAILING else "",
-               "desync": (r.desync or {}).get("message", ""),
-               "diagnosis": (r.diagnosis or {}).get("summary") or "",
-               "world_size": r.world_size, "duration_s": r.duration_s, "started_at": r.started_at, "host": r.host,
-               **compile_stats.columns(r)}
-        for k, v in sorted(r.params.items()):
-            row[f"param.{k}"] = json.dumps(v) if isinstance(v, (list, dict)) else v
-        rows.append(row)
-    return pd.DataFrame(rows)
-
-
-def metrics_frame(records: Sequence[Record]):
-    """One row per compared tensor: build, impl, case, metric name, tensor, max_abs_err, tol, ratio, ok."""
-    import pandas as pd
-
-    rows = []
-    for r in records:
-        for name, m in r.metrics.items():
-            rows.append({"build": record_key(r), "impl": r.impl, "case": r.case, "status": r.status.value,
-                         "metric": name, "tensor": name.rsplit(".", 1)[-1], "max_abs_err": m.max_abs_err,
-                         "max_rel_err": m.max_rel_err, "tol": m.tol, "ratio": m.ratio, "ok": m.ok,
-                         "problem": m.problem})
-    frame = pd.DataFrame(rows, columns=["build", "impl", "case", "status", "metric", "tensor", "max_abs_err",
-                                        "max_rel_err", "tol", "ratio", "ok", "problem"])
-    # Numbers even when no record compared anything (a store of skipped records): an empty column is untyped.
-    return frame.astype({"max_abs_err": float, "max_rel_err": float, "tol": float, "ratio": float})
 
 
 def _kind(label: str) -> str:
@@ -155,119 +100,6 @@ def _cell_text(counts: dict) -> str:
     return ", ".join(f"{n} {label}" for label, n in ordered)
 
 
-def plottable(metrics):
-    """The tensors a log-log plot can show: finite error, finite positive tolerance."""
-    import numpy as np
-
-    return metrics[np.isfinite(metrics["tol"]) & (metrics["tol"] > 0) & np.isfinite(metrics["max_abs_err"])]
-
-
-def scatter_png(metrics, impl: str) -> Optional[bytes]:
-    """PNG of max_abs_err against tol per tensor (log-log) for one implementation, or None without data."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    sub = plottable(metrics[metrics["impl"] == impl])
-    if sub.empty:
-        return None
-    positive = sub["max_abs_err"] > 0
-    floor = sub.loc[positive, "max_abs_err"].min() / 10 if positive.any() else sub["tol"].min() * 1e-6
-    fig, ax = plt.subplots(figsize=(7, 5), dpi=96)
-    for i, (build, g) in enumerate(sorted(sub.groupby("build"), key=lambda kv: kv[0])):
-        err = g["max_abs_err"].where(g["max_abs_err"] > 0, floor)
-        ax.scatter(g["tol"], err, s=9, alpha=0.6, label=f"{build} ({len(g)})", color=f"C{i}", linewidths=0)
-        bad = ~g["ok"]
-        if bad.any():
-            ax.scatter(g.loc[bad, "tol"], g.loc[bad, "max_abs_err"], s=40, facecolors="none", edgecolors="red",
-                       linewidths=1.0)
-    lo = min(sub["tol"].min(), floor)
-    hi = max(sub["tol"].max(), sub["max_abs_err"].max())
-    ax.plot([lo, hi], [lo, hi], color="black", linewidth=1, label="err = tol")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("tolerance at the worst element (largest err/tol)")
-    ax.set_ylabel("max abs error (exact zeros drawn at the bottom)")
-    ax.set_title(f"{impl}: error against tolerance per tensor")
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left")
-    buf = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
-
-
-MAX_FAILING = 200  # rows of the failing table on the page (the rest counted, and how to list them)
-MAX_COMPILED = 200  # rows of the compiled cases' table
-PLOT_SAMPLE = 400  # records per implementation whose tensors are plotted (the worst ones first)
-
-
-@dataclass
-class Page:
-    """What the page and the summary show, gathered from the index in bounded memory.
-
-    ``cells``: one row per (build, impl, family, status, known_issue) with its count ``n``; ``builds``: each
-    build's key and torch_git_version; ``failing``/``compiled``: records frames of the rows shown, with the
-    totals they were cut from; ``plots``: per implementation the metrics frame of a sample and its size."""
-
-    store_dir: str
-    total: int
-    cells: object
-    builds: object
-    failing: object
-    failing_total: int
-    failing_known: int
-    compiled: object
-    compiled_total: int
-    plots: dict  # impl -> (metrics frame of the sample, records sampled, records with metrics)
-    modes: dict  # impl -> its modes, comma-separated
-
-
-def _frame(index, where: str, params: tuple, order: str, limit: int):
-    """A records frame of the latest records matching ``where``, in ``order``, at most ``limit``."""
-    rows = index.query(f"SELECT file, offset, length FROM latest WHERE {where} ORDER BY {order} LIMIT ?",
-                       (*params, limit))
-    return records_frame(list(index.load(rows)))
-
-
-def gather(store_dir) -> Page:
-    """The page's data: counts by SQL over the store's index, and only the records shown read back."""
-    import pandas as pd
-
-    from harness.results.index import refreshed
-
-    with refreshed(store_dir) as index:
-        ((total,),) = index.query("SELECT count(*) FROM latest")
-        if not total:
-            raise EmptyStore(f"the store {store_dir} holds no records: run `syncbn-harness run --store "
-                             f"{store_dir}` first, or point --store at another directory")
-        cells = pd.DataFrame(index.query("SELECT build, impl, family, status, known, count(*) FROM latest "
-                                         "GROUP BY build, impl, family, status, known"),
-                             columns=["build", "impl", "family", "status", "known_issue", "n"])
-        cells["known_issue"] = cells["known_issue"].astype(bool)
-        builds = pd.DataFrame(index.query("SELECT build, max(torch_git_version) FROM latest GROUP BY build"),
-                              columns=["build", "torch_git_version"])
-        failing_where = f"status IN ({', '.join('?' * len(FAILING))})"
-        ((failing_total, failing_known),) = index.query(
-            f"SELECT count(*), coalesce(sum(known), 0) FROM latest WHERE {failing_where}", FAILING)
-        failing = _frame(index, failing_where, FAILING, "known, impl, build, case_id", MAX_FAILING)
-        ((compiled_total,),) = index.query("SELECT count(*) FROM latest WHERE compiled = 1")
-        compiled = _frame(index, "compiled = 1", (), "impl, build, case_id", MAX_COMPILED)
-        plots = {}
-        for (impl,) in index.query("SELECT DISTINCT impl FROM latest ORDER BY impl"):
-            rows = index.query("SELECT file, offset, length FROM latest WHERE impl = ? AND has_metrics = 1 "
-                               "ORDER BY coalesce(worst_ratio, 0) > 1 DESC, (id * 2654435761) % 1000003 LIMIT ?",
-                               (impl, PLOT_SAMPLE))
-            ((with_metrics,),) = index.query("SELECT count(*) FROM latest WHERE impl = ? AND has_metrics = 1",
-                                             (impl,))
-            plots[impl] = (metrics_frame(list(index.load(rows))), len(rows), with_metrics)
-        modes = dict(index.query("SELECT impl, group_concat(DISTINCT mode) FROM latest GROUP BY impl"))
-    return Page(str(store_dir), total, cells, builds, failing, failing_total, failing_known, compiled,
-                compiled_total, plots, modes)
-
-
 def write_report(store_dir, out_dir="reports", csv: bool = False) -> ReportFiles:
     """Write ``index.html`` and ``summary.md`` into ``out_dir`` (and with ``csv`` every build's records and
     per-tensor metrics as ``csv/<build>.records.csv`` and ``csv/<build>.metrics.csv``)."""
@@ -285,23 +117,6 @@ def write_report(store_dir, out_dir="reports", csv: bool = False) -> ReportFiles
         raise ReportError(f"cannot write the report into {out}: {exc.strerror}; choose another with --out DIR") \
             from None
     return files
-
-
-def write_csv(store_dir, out: Path) -> list[Path]:
-    """Per build, its latest records (one row each) and their compared tensors: one build in memory at a time."""
-    from harness.results.index import refreshed
-
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    with refreshed(store_dir) as index:
-        for (build,) in index.query("SELECT DISTINCT build FROM latest ORDER BY build"):
-            rows = index.query("SELECT file, offset, length FROM latest WHERE build = ? ORDER BY id", (build,))
-            records = list(index.load(rows))
-            for kind, frame in (("records", records_frame(records)), ("metrics", metrics_frame(records))):
-                path = out / f"{build}.{kind}.csv"
-                frame.to_csv(path, index=False, errors="backslashreplace")
-                written.append(path)
-    return written
 
 
 # --- Markdown -------------------------------------------------------------------------------------------------

@@ -10,7 +10,8 @@ import pytest
 from harness.results.compaction import compact
 from harness.results.index import Index, refreshed
 from harness.results.records import Record, Status
-from harness.results.report import MAX_FAILING, write_report
+from harness.results.page import MAX_FAILING
+from harness.results.report import write_report
 from harness.results.store import Store, StoreError
 
 GIT = "cf30153c4c131c8164ee7798e5022d810682e2cb"
