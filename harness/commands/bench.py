@@ -1,4 +1,4 @@
-"""``syncbn-harness bench kernels|pool|run``: benchmarks with in-run baselines."""
+"""``syncbn-harness bench kernels|pool|run|store``: benchmarks with in-run baselines."""
 
 from __future__ import annotations
 
@@ -80,5 +80,35 @@ def bench_run_cmd(baseline, figures, repeat, no_warmup, fmt):
 
     echo = (lambda *a, **k: click.echo(*a, err=True, **k)) if fmt == "json" else click.echo
     rows = bench_run(baseline, tuple(figures) or FIGURE_NAMES, repeat, not no_warmup, echo=echo)
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=2))
+
+
+@bench.command("store")
+@click.option("--records", "sizes", default="10000,100000,1000000", show_default=True, metavar="N[,N...]",
+              help="Store sizes, in records.")
+@click.option("--builds", type=click.IntRange(min=2), default=100, show_default=True,
+              help="Builds the records are spread over.")
+@click.option("--from", "source", type=click.Path(file_okay=False, exists=True), default=None, metavar="STORE",
+              help="Take the template records from this store (default: a small real run made now).")
+@click.option("--baseline", metavar="REF", default=None,
+              help="A commit of this checkout whose commands run on the same stores, for the ratios.")
+@click.option("--baseline-max", type=click.IntRange(min=1), default=100000, show_default=True,
+              help="The largest store the baseline runs on.")
+@click.option("--keep", type=click.Path(file_okay=False, exists=True), default=None, metavar="DIR",
+              help="Make the stores under DIR and keep them (default: a temporary folder, removed).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table")
+def bench_store_cmd(sizes, builds, source, baseline, baseline_max, keep, fmt):
+    """report (first indexing, then over the index) and diff over synthetic stores of real records: wall time and
+    peak resident memory per command, against a baseline commit on the same stores."""
+    from harness.bench_store import bench_store
+    from harness.errors import UsageError
+
+    try:
+        counts = tuple(int(s) for s in sizes.split(",") if s.strip())
+    except ValueError:
+        raise UsageError(f"--records {sizes!r}: give record counts separated by commas, e.g. 10000,100000") from None
+    echo = (lambda *a, **k: click.echo(*a, err=True, **k)) if fmt == "json" else click.echo
+    rows = bench_store(counts, builds, source, baseline, baseline_max, keep, echo=echo)
     if fmt == "json":
         click.echo(json.dumps(rows, indent=2))
