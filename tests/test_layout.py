@@ -22,6 +22,7 @@ MAX_LINES = 420
 # ``__init__`` (its version). Units on one row are peers: they do not import each other.
 LAYERS = [
     ("harness", "errors", "paths"),  # version, the error types, where things live
+    ("cache",),                      # what the cache holds, listed and pruned
     ("catalog", "cases"),            # the case type and the families (registration by import: the one circle)
     ("kernels",),                    # the reference's C++/CUDA extension
     ("judge",),                      # the float64 oracle, tolerances, metrics, invariants
@@ -34,7 +35,7 @@ LAYERS = [
     ("repro",),                      # standalone repro files
     ("search", "bisect"),            # exploring the case space; bisecting builds
     ("bench", "bench_commands"),     # benchmarks on CPU; whole commands against a baseline commit
-    ("bench_cuda",),                 # benchmarks of the CUDA kernels (the CPU ones' machinery)
+    ("bench_cuda", "bench_store"),   # benchmarks of the CUDA kernels (the CPU ones' machinery); of the store
     ("commands",),                   # the command line
     ("__main__",),                   # ``python -m harness``
 ]
