@@ -41,12 +41,12 @@ def list_cmd(kinds, show_entries):
         for e in listed:
             click.echo(f"{e.kind:13s} {_size(e.bytes):>9}  {_when(e.last_use)}  {e.path}")
     else:
-        click.echo(f"{'kind':13s} {'entries':>7}  {'size':>9}  {'oldest use':16s}  {'newest use':16s}")
+        click.echo(f"{'kind':13s} {'entries':>7}  {'size':>9}  {'oldest use':16s}  newest use")
         for kind in kinds or KIND_NAMES:
             mine = [e for e in listed if e.kind == kind]
             if mine:
                 click.echo(f"{kind:13s} {len(mine):>7}  {_size(sum(e.bytes for e in mine)):>9}  "
-                           f"{_when(mine[0].last_use):16s}  {_when(mine[-1].last_use):16s}")
+                           f"{_when(mine[0].last_use):16s}  {_when(mine[-1].last_use)}")
     click.echo(f"{len(listed)} entries, {_size(sum(e.bytes for e in listed))} in {cache_root()}")
 
 
