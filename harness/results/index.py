@@ -44,7 +44,7 @@ from typing import Iterable, Iterator, Optional
 from harness import SCHEMA_VERSION
 from harness.paths import cache_root
 from harness.judge.metric import Metric, worst_ratio
-from harness.results.records import Record
+from harness.results.records import Record, check_fields
 from harness.results.store import StoreError, migrate
 
 NAME = ".syncbn-index.sqlite3"
@@ -181,9 +181,13 @@ class Index:
             return []  # a torn tail: the store's reader drops it too, with its warning
         if not isinstance(d, dict) or not isinstance(d.get("case"), str) or not isinstance(d.get("impl"), str):
             return []
-        if int(d.get("schema_version") or 1) > SCHEMA_VERSION:
+        if not isinstance(d.get("schema_version", 1), int) or d.get("schema_version", 1) > SCHEMA_VERSION:
             migrate(d, f"{path}:{offset}")  # raises, naming the harness release needed
-        return [_row(d, name, offset, len(line))]
+        try:
+            check_fields(d)
+            return [_row(d, name, offset, len(line))]
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise StoreError(_not_a_record(path, offset, exc)) from None
 
     def _insert(self, rows: list[tuple]) -> None:
         if rows:
@@ -215,13 +219,22 @@ class Index:
                 f.seek(offset)
                 raw = f.read(length)
                 try:
-                    yield Record.from_dict(migrate(json.loads(raw), f"{self.store / file}:{offset}"))
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise StoreError(f"{self.store / file} changed under the index at byte {offset} ({exc}): "
-                                     f"delete {self.path} and run again") from None
+                    d = json.loads(raw)
+                except ValueError:
+                    raise StoreError(f"{self.store / file} changed under the index at byte {offset}: delete "
+                                     f"{self.path} and run again") from None
+                try:
+                    yield Record.from_dict(migrate(d, f"{self.store / file}:{offset}"))
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                    raise StoreError(_not_a_record(self.store / file, offset, exc)) from None
         finally:
             for f in handles.values():
                 f.close()
+
+
+def _not_a_record(path: Path, offset: int, exc: Exception) -> str:
+    return (f"{path}: the line at byte {offset} is not a syncbn-harness record ({type(exc).__name__}: {exc}); "
+            "the file's other records are intact: fix or delete that line, or move the file out of the store")
 
 
 def _lines(path: Path, start: int) -> Iterator[tuple[int, bytes]]:

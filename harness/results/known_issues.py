@@ -65,10 +65,21 @@ def load(path: Optional[str] = None) -> tuple[KnownIssue, ...]:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise UsageError(f"known-issues file {p} cannot be read: {exc}") from None
     entries = []
-    for i, e in enumerate(data.get("issue", [])):
+    issues = data.get("issue", [])
+    if not isinstance(issues, list) or not all(isinstance(e, dict) for e in issues):
+        raise UsageError(f"{p}: `issue` must be an array of tables, each entry starting with a line [[issue]]")
+    for i, e in enumerate(issues):
         missing = [k for k in REQUIRED if k not in e]
         if missing:
             raise UsageError(f"{p}: issue #{i + 1} lacks {', '.join(missing)} (needs {', '.join(REQUIRED)})")
+        for key in ("impl", "cases", "status"):
+            values = e[key] if isinstance(e[key], list) else [e[key]]
+            if not values or not all(isinstance(v, str) and v for v in values):
+                raise UsageError(f"{p}: issue #{i + 1} {key} = {e[key]!r}: give a non-empty string or a list of them")
+        for key in ("torch", "link"):
+            if not isinstance(e[key], str):
+                raise UsageError(f"{p}: issue #{i + 1} {key} = {e[key]!r}: give a string "
+                                 + ("(a version specifier, e.g. '>=1.12,<2.15')" if key == "torch" else "(a URL)"))
         try:
             spec = SpecifierSet(e["torch"])
         except InvalidSpecifier:

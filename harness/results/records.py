@@ -158,6 +158,7 @@ class Record:
     def from_dict(cls, d: dict) -> "Record":
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
+        check_fields(kw)
         kw["status"] = Status(kw["status"])
         kw["ranks"] = [RankOutcome.from_dict(r) for r in kw.get("ranks") or []]
         kw["metrics"] = {name: Metric.from_dict(m) for name, m in (kw.get("metrics") or {}).items()}
@@ -195,6 +196,29 @@ class Record:
         if self.known_issue and self.known_issue.now_passes:
             return "pass (known issue fixed?)"
         return self.status.value
+
+
+_OPT = type(None)
+# What a stored record's fields must be (status is checked by its enum, the evidence by its shapes).
+_FIELD_TYPES = {"case": str, "family": str, "params": dict, "impl": str, "message": str, "impl_version": (str, _OPT),
+                "mode": (str, _OPT), "ranks": list, "metrics": dict, "torch_version": str, "torch_git_version": str,
+                "cuda_version": (str, _OPT), "device": str, "backend": str, "world_size": int,
+                "duration_s": (int, float), "started_at": str, "host": str, "known_issue": (dict, _OPT),
+                "compare": (dict, _OPT), "desync": (dict, _OPT), "diagnosis": (dict, _OPT), "compile": (dict, _OPT),
+                "logs": (str, _OPT), "schema_version": int}
+
+
+def check_fields(d: dict) -> None:
+    """Raise TypeError naming the first field of a stored record dict whose type is wrong, ValueError for an
+    unknown status (what :meth:`Record.from_dict` checks first; the store's index checks the same)."""
+    for k, v in d.items():
+        want = _FIELD_TYPES.get(k)
+        if want is not None and not isinstance(v, want):
+            names_of = " or ".join("null" if t is _OPT else t.__name__ for t in
+                                   (want if isinstance(want, tuple) else (want,)))
+            raise TypeError(f"field {k!r} is {type(v).__name__} {str(v)[:40]!r}, expected {names_of}")
+    if "status" in d and not (isinstance(d["status"], str) and d["status"] in Status._value2member_map_):
+        raise ValueError(f"status {str(d['status'])[:40]!r} is not one of {', '.join(s.value for s in Status)}")
 
 
 def exit_code(records: Iterable[Record]) -> int:

@@ -305,9 +305,10 @@ def _record(d: dict, path: Path, where: int) -> Record:
     d = migrate(d, str(path))
     try:
         return Record.from_dict(d)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise StoreError(f"{path}: record {where} is not a syncbn-harness record ({type(exc).__name__}: {exc})") \
-            from None
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise StoreError(f"{path}: record {where} is not a syncbn-harness record ({type(exc).__name__}: {exc}); the "
+                         f"file's other records are intact: fix or delete that line, or move the file out of the "
+                         "store") from None
 
 
 def latest(records: Iterable[Record]) -> list[Record]:
