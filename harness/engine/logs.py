@@ -24,6 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from harness.errors import HarnessError
 from harness.paths import cache_root, failure_logs_root
 
 MAX_KEPT = 50
@@ -93,9 +94,22 @@ def torchrun_folder(run_id: str) -> Path:
     root = cache_root() / "torchrun"
     root.mkdir(parents=True, exist_ok=True)
     folder = root / "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
-    folder.mkdir(exist_ok=True)
+    folder.mkdir(mode=0o700, exist_ok=True)
+    if folder.is_symlink() or folder.stat().st_uid != os.getuid():
+        raise HarnessError(f"{folder} is a link or another user's: remove it (the harness writes crash reports "
+                           "only into folders of its own)")
     prune(root, keep_newest=MAX_KEPT, spare=folder)
     return folder
+
+
+def start_time(pid: int) -> str:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat``), or ``0`` where unknown:
+    with the pid, a name no other process on this host has had since boot."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "0"
 
 
 def _mtime(p: Path) -> float:

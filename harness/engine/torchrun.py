@@ -243,9 +243,14 @@ class Job:
         """faulthandler writes a crash's report to a file per rank, which a writer on this node can read."""
         # One folder per job and node: the ranks of a node share their agent (their parent process), and two
         # jobs on one machine may share a run id (c10d's default is "none").
-        job = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}-agent{os.getppid()}"
+        # The agent's pid and start time name it uniquely on this host, whatever run id jobs share, and a later
+        # job never reuses an earlier one's folder (its crash reports are kept) even when a pid comes round again.
+        job = f"{os.environ.get('TORCHELASTIC_RUN_ID', 'job')}-agent{os.getppid()}-{logs.start_time(os.getppid())}"
         self._fault_dir = logs.torchrun_folder(job)
-        self._fault_file = open(self._fault_dir / f"rank{self.rank}.fault", "w")
+        # O_EXCL|O_NOFOLLOW: a file (or a link) already there is never written through.
+        fd = os.open(self._fault_dir / f"rank{self.rank}.fault", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                     0o600)
+        self._fault_file = os.fdopen(fd, "w")
         faulthandler.enable(file=self._fault_file, all_threads=True)
 
     def _drop_fault_log(self) -> None:

@@ -130,3 +130,51 @@ def test_compare_runs_under_torchrun_as_in_the_local_pool(tmp_path):
     assert local.returncode == 0, local.stderr[-4000:]
     [local_torch] = [r for r in json.loads(local.stdout) if r["impl"] == "torch"]
     assert set(local_torch["compare"]["max_abs_diff"]) == set(torch_rec["compare"]["max_abs_diff"])
+
+
+CRASH_CASE = "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2"
+
+
+def one_node_job(tmp_path: Path, name: str, cache: Path, run_id: str = "job42") -> subprocess.Popen:
+    """A single-node torchrun job of 2 ranks (its own rendezvous endpoint, the given --rdzv-id) whose rank 1
+    segfaults; stdout is its records as JSON."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2", "--rdzv-backend=c10d",
+           f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--rdzv-id={run_id}", "--max-restarts=0",
+           "-m", "harness", "run", "--impl", "probes:SegfaultOnRank1", "--case", CRASH_CASE, "--timeout", "30",
+           "--format", "json", "--store", str(tmp_path / f"store-{name}")]
+    env = dict(os.environ, PYTHONPATH=SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""), TMPDIR=str(tmp_path),
+               SYNCBN_HARNESS_CACHE=str(cache))
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+
+
+def finish(job: subprocess.Popen) -> list[dict]:
+    try:
+        out, err = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, 9)
+            job.wait()
+    printed = [line for line in out.splitlines() if line.startswith("[")]
+    assert printed, err[-3000:]
+    return json.loads(out[out.index("["):])
+
+
+@pytest.mark.slow
+def test_jobs_sharing_a_rendezvous_id_keep_their_own_crash_reports(tmp_path):
+    cache = tmp_path / "cache"
+    # The old predictable place of the crash reports, planted as a link to a folder that must stay untouched.
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (tmp_path / "syncbn-harness-job42").symlink_to(victim, target_is_directory=True)
+    side_by_side = [one_node_job(tmp_path, name, cache) for name in ("a", "b")]
+    records = [finish(job) for job in side_by_side]
+    records.append(finish(one_node_job(tmp_path, "c", cache)))  # one after the other
+    for [r] in records:
+        assert r["status"] == "crash" and r["message"].startswith("rank 1: crash"), r["message"]
+        culprit = next(o for o in r["ranks"] if o["rank"] == 1)
+        assert culprit["signal"] == "SIGSEGV" and "Segmentation fault" in (culprit["stack_dump"] or ""), culprit
+    folders = sorted((cache / "torchrun").glob("job42-agent*"))
+    assert len(folders) == 3, folders  # one per job, each kept with its crash report
+    assert all((f / "rank1.fault").read_text().count("Segmentation fault") == 1 for f in folders)
+    assert list(victim.iterdir()) == []
