@@ -153,26 +153,27 @@ class BisectRun:
 def bisect_builds(*, good: str, bad: str, selection: Optional[Selection] = None, package: Optional[str] = None,
                   versions: Sequence[str] = (), builds_file: Optional[str] = None,
                   index: Optional[IndexOptions] = None, inherit: Optional[bool] = None, rerun: bool = False,
-                  eval_timeout: float = EVAL_TIMEOUT_S, store: Optional[Path] = None,
+                  eval_timeout: float = EVAL_TIMEOUT_S, store: Optional[Path] = None, installer: str = "auto",
                   log: Callable[[str], None] = lambda s: None) -> BisectRun:
     """Bisect the builds from ``good`` to ``bad`` with the selection; see the module docstring."""
     selection = selection or Selection()
     index = index or IndexOptions()
     builds = ordered_builds(good, bad, package=package, versions=versions, builds_file=builds_file, index=index)
     return bisect_releases(builds, selection=selection, package=package, index=index, inherit=inherit, rerun=rerun,
-                           eval_timeout=eval_timeout, store=store, log=log)
+                           eval_timeout=eval_timeout, store=store, installer=installer, log=log)
 
 
 def bisect_releases(builds: list[Build], *, selection: Selection, package: Optional[str], index: IndexOptions,
                     inherit: Optional[bool] = None, rerun: bool = False, eval_timeout: float = EVAL_TIMEOUT_S,
-                    store: Optional[Path] = None, log: Callable[[str], None] = lambda s: None) -> BisectRun:
+                    store: Optional[Path] = None, installer: str = "auto",
+                    log: Callable[[str], None] = lambda s: None) -> BisectRun:
     """Bisect builds already in order (releases, wheels, interpreters), each in its cached environment.
 
     Environments inherit this interpreter's packages unless the bisected package is torch (``inherit``
     overrides).
     """
     pkg = package or builds[0].package or "torch"
-    opts = EnvOptions(inherit=(pkg != "torch") if inherit is None else inherit, index=index)
+    opts = EnvOptions(inherit=(pkg != "torch") if inherit is None else inherit, index=index, installer=installer)
     log(f"bisecting {len(builds)} builds from {builds[0].label} (good) to {builds[-1].label} (bad)"
         + (", environments inherit this interpreter's packages" if opts.inherit else ""))
     return run_bisection(builds, selection, Environments(opts), rerun=rerun, eval_timeout=eval_timeout,

@@ -1,7 +1,8 @@
 """Virtual environments for builds, created once and cached.
 
-``python -m venv --without-pip`` then this interpreter's pip
-(``pip --python ENV``) installs into it. Two flavours:
+``python -m venv --without-pip`` then pip (``pip --python ENV``) or uv
+(``uv pip install --python ENV``, when it is on PATH or asked for:
+:mod:`harness.bisect.installer`) installs into it. Two flavours:
 - fresh (the default when bisecting torch): the build, then this harness with
   ``--no-deps`` (editable, from its source tree) plus its dependencies;
 - inherit (the default for any other package): the environment sees this
@@ -29,6 +30,7 @@ from typing import Callable, Optional
 
 from harness.bisect import children
 from harness.bisect.builds import Build, IndexOptions, InstallFailed
+from harness.bisect.installer import choose, install_command
 from harness.paths import cache_root
 
 INSTALL_TIMEOUT_S = 3600.0  # CUDA releases pull several GB of dependencies
@@ -72,6 +74,7 @@ class EnvOptions:
 
     inherit: bool = False
     index: IndexOptions = field(default_factory=IndexOptions)
+    installer: str = "auto"  # pip, uv, or auto (uv when on PATH): harness.bisect.installer
 
 
 def env_key(build: Build, opts: EnvOptions) -> str:
@@ -82,6 +85,8 @@ def env_key(build: Build, opts: EnvOptions) -> str:
         ident["wheel"] = [st.st_size, int(st.st_mtime)]
     parts = {"build": ident, "python": os.path.realpath(sys.executable), "py": sys.version.split()[0],
              "inherit": opts.inherit, "index": opts.index.pip_args(), "harness": str(harness_source_root())}
+    if choose(opts.installer) == "uv":  # environments made by pip keep their keys
+        parts["installer"] = "uv"
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -123,37 +128,40 @@ def _create_env(build: Build, opts: EnvOptions, directory: Path, log: Callable[[
         shutil.rmtree(directory)  # a half-made environment from an interrupted run
     logfile = directory.parent / f"{directory.name}.install.log"
     t0 = time.monotonic()
-    _logged([sys.executable, "-m", "venv", "--without-pip", str(directory)], logfile, PROBE_TIMEOUT_S)
+    _logged([sys.executable, "-m", "venv", "--without-pip", str(directory)], {}, logfile, PROBE_TIMEOUT_S)
     py = env_python(directory)
     if opts.inherit:
         purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                  capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, check=True).stdout.strip()
         lines = [f"import site; site.addsitedir({d!r})" for d in site.getsitepackages()]
         Path(purelib, "_syncbn_harness_inherit.pth").write_text("\n".join(lines) + "\n")
-    pip = [sys.executable, "-m", "pip", "--python", str(py), "install", "--disable-pip-version-check"]
+    installer = choose(opts.installer)
     target = build.path if build.kind == "wheel" else build.label
     if opts.inherit:
-        _logged([*pip, target, *opts.index.pip_args()], logfile, INSTALL_TIMEOUT_S)
+        _logged(*install_command(installer, py, [target], opts.index), logfile, INSTALL_TIMEOUT_S)
     else:
         root = harness_source_root()
         if root is None:
             raise InstallFailed("this harness is not installed from its source tree, so it cannot be put "
                                 "into a fresh environment: install it with `pip install -e ROOT`, or use "
                                 "--inherit")
-        _logged([*pip, target, *harness_requirements(), *opts.index.pip_args()], logfile, INSTALL_TIMEOUT_S)
-        _logged([*pip, "--no-deps", "-e", str(root)], logfile, INSTALL_TIMEOUT_S)
-    info = {"build": build.to_dict(), "inherit": opts.inherit, "created_at": children.now(),
+        _logged(*install_command(installer, py, [target, *harness_requirements()], opts.index), logfile,
+                INSTALL_TIMEOUT_S)
+        _logged(*install_command(installer, py, ["--no-deps", "-e", str(root)], None), logfile, INSTALL_TIMEOUT_S)
+    info = {"build": build.to_dict(), "inherit": opts.inherit, "installer": installer, "created_at": children.now(),
             "install_s": round(time.monotonic() - t0, 1), "install_log": str(logfile)}
     (directory / "ready.json").write_text(json.dumps(info, indent=2))
     log(f"  created {directory} in {info['install_s']}s")
 
 
-def _logged(cmd: list[str], logfile: Path, timeout: float) -> None:
+def _logged(cmd: list[str], env: dict, logfile: Path, timeout: float) -> None:
+    """Run ``cmd`` (with ``env`` added to the environment) into ``logfile``; :class:`InstallFailed` unless 0."""
     with open(logfile, "a") as f:
         f.write(f"\n$ {' '.join(cmd)}\n")
         f.flush()
         try:
-            code = children.run_group(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
+            code = children.run_group(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout,
+                                      env={**os.environ, **env} if env else None)
         except subprocess.TimeoutExpired:
             raise InstallFailed(f"`{' '.join(cmd[:8])} ...` took more than {timeout:.0f}s; see {logfile}") from None
     if code != 0:

@@ -326,7 +326,8 @@ def bisect_nightlies(*, good: str, bad: str, selection: Optional[Selection] = No
                      versions: Sequence[str] = (), index: Optional[IndexOptions] = None,
                      inherit: Optional[bool] = None, pytorch_repo: Optional[str] = None, rerun: bool = False,
                      eval_timeout: float = EVAL_TIMEOUT_S, store: Optional[Path] = None, strict: bool = False,
-                     on_path: Sequence[str] = (), log: Callable[[str], None] = lambda s: None) -> NightlyBisection:
+                     on_path: Sequence[str] = (), installer: str = "auto",
+                     log: Callable[[str], None] = lambda s: None) -> NightlyBisection:
     """Bisect the nightlies from day (or version) ``good`` to ``bad``; see the module docstring."""
     selection = selection or Selection()
     repo = Checkout(pytorch_repo, "--pytorch-repo") if pytorch_repo else None
@@ -339,7 +340,8 @@ def bisect_nightlies(*, good: str, bad: str, selection: Optional[Selection] = No
     if nightlies.missing:
         log(f"no nightly of {nightlies.package} on {_days_text(nightlies.missing)}: skipped")
     run = bisect_releases(nightlies.builds, selection=selection, package=nightlies.package, index=index,
-                          inherit=inherit, rerun=rerun, eval_timeout=eval_timeout, store=store, log=log)
+                          inherit=inherit, rerun=rerun, eval_timeout=eval_timeout, store=store, installer=installer,
+                          log=log)
     out = NightlyBisection.of(run, nightlies, selection, repo)
     if repo is not None and nightlies.package == "torch" and out.main and "why" not in out.main \
             and run.result.outcome is Outcome.FOUND:

@@ -40,6 +40,9 @@ from harness.errors import UsageError
 @click.option("--inherit/--no-inherit", default=None,
               help="Environments see this interpreter's packages (torch, the harness) behind their own. "
                    "Default: off when bisecting torch, on for any other package.")
+@click.option("--installer", type=click.Choice(["auto", "pip", "uv"]), default="auto", show_default=True,
+              help="What installs builds into their environments: uv (one cache of unpacked wheels, linked into "
+                   "each environment), pip, or auto: uv when it is on PATH.")
 @click.option("--pytorch-repo", type=click.Path(file_okay=False, exists=True), default=None,
               help="Nightlies: a local pytorch clone with the nightly branch; the result gives the main commits "
                    "between the last good and first bad nightly, those touching SyncBN's files, a compare link, "
@@ -70,8 +73,8 @@ from harness.errors import UsageError
               help="Seconds for one build's run of the selection before it counts as untestable.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
 def bisect(good, bad, selection, package, versions, builds_file, find_links, index_url, extra_index_urls, no_index,
-           pre, inherit, pytorch_repo, overlay, base, binaries, on_path, strict, store_dir, rerun, eval_timeout,
-           fmt):
+           pre, inherit, installer, pytorch_repo, overlay, base, binaries, on_path, strict, store_dir, rerun,
+           eval_timeout, fmt):
     """Bisect builds (releases, wheels, interpreters, nightlies by day, or overlaid commits) for the first that
     fails the selection.
 
@@ -111,7 +114,8 @@ def bisect(good, bad, selection, package, versions, builds_file, find_links, ind
         from harness.bisect.nightly import bisect_nightlies
 
         result = bisect_nightlies(good=good, bad=bad, package=package, versions=versions, index=index,
-                                  inherit=inherit, pytorch_repo=pytorch_repo, strict=strict, on_path=on_path, **common)
+                                  inherit=inherit, pytorch_repo=pytorch_repo, strict=strict, on_path=on_path,
+                                  installer=installer, **common)
     else:
         for flag, value in (("--base", base), ("--pytorch-repo", pytorch_repo)):
             if value:
@@ -120,7 +124,7 @@ def bisect(good, bad, selection, package, versions, builds_file, find_links, ind
         from harness.bisect.driver import bisect_builds
 
         result = bisect_builds(good=good, bad=bad, package=package, versions=versions, builds_file=builds_file,
-                               index=index, inherit=inherit, **common)
+                               index=index, inherit=inherit, installer=installer, **common)
     text = result.summary()
     if fmt == "json":
         click.echo(text, err=True)
