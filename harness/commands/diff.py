@@ -42,8 +42,10 @@ def diff(build_a, build_b, store_dir, growth, growth_floor, fmt, show_same, fail
 def diff_builds(store_dir, build_a: str, build_b: str, *, factor: float = 2.0, floor: float = 0.1):
     """The changes from build A to build B of a store, and the two resolved build keys."""
     from harness.results.diff import GrowthRule, compare
+    from harness.results.index import latest_of_build
     from harness.results.store import Store
 
     store = Store(store_dir)
     key_a, key_b = store.resolve_build(build_a), store.resolve_build(build_b)
-    return compare(store.read(key_a), store.read(key_b), GrowthRule(factor, floor)), key_a, key_b
+    a, b = latest_of_build(store_dir, key_a), latest_of_build(store_dir, key_b)
+    return compare(a, b, GrowthRule(factor, floor)), key_a, key_b

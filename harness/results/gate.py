@@ -100,7 +100,9 @@ def stored_current(store_dir, key: str, impls: Sequence[str] = (), case_patterns
         raise GateError(f"the store {store_dir} holds no records of this build ({key}); builds present: "
                         f"{present}. Run `syncbn-harness run --store {store_dir}` first, or gate a fresh run by "
                         "leaving out --store")
-    records = store.read(key)
+    from harness.results.index import latest_of_build
+
+    records = latest_of_build(store_dir, key)
     if impls:
         records = [r for r in records if r.impl in impls]
     if case_patterns:

@@ -122,13 +122,16 @@ class Index:
 
     # ------------------------------------------------------------------ bringing it up to date
 
-    def update(self) -> Refreshed:
-        """Index what the store's files hold beyond what is indexed (see the module docstring)."""
+    def update(self, only: Optional[str] = None) -> Refreshed:
+        """Index what the store's files hold beyond what is indexed (see the module docstring); ``only``: the
+        build key of the one file to bring up to date (a command that reads one build)."""
         done = Refreshed()
         self._latest = False
         present = sorted(p.name for p in self.store.glob("*.jsonl")) if self.store.is_dir() else []
+        if only is not None:
+            present = [n for n in present if n == f"{only}.jsonl"]
         for (gone,) in self.db.execute("SELECT name FROM files").fetchall():
-            if gone not in present:
+            if gone not in present and only is None:
                 with self.db:
                     self.db.execute("DELETE FROM records WHERE file = ?", (gone,))
                     self.db.execute("DELETE FROM files WHERE name = ?", (gone,))
@@ -259,6 +262,16 @@ def refreshed(store_dir: os.PathLike | str) -> Index:
         index.close()
         raise
     return index
+
+
+def latest_of_build(store_dir: os.PathLike | str, key: str) -> list[Record]:
+    """The latest record of each (impl, case) of build ``key``, in the order they were appended, read through
+    the index (only that build's file is brought up to date; superseded records are never parsed)."""
+    with Index(store_dir) as index:
+        index.update(only=key)
+        rows = index.db.execute("SELECT file, offset, length FROM records WHERE id IN (SELECT max(id) FROM records "
+                                "WHERE build = ? GROUP BY impl, case_id) ORDER BY id", (key,)).fetchall()
+        return list(index.load(rows))
 
 
 def count(store_dir: os.PathLike | str) -> Optional[int]:

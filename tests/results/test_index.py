@@ -92,3 +92,18 @@ def test_the_report_stays_small_and_says_what_it_leaves_out(tmp_path):
     assert [p.name for p in csv] == ["2.13.0+cpu-cf30153c4c13-cpu-gloo.records.csv",
                                      "2.13.0+cpu-cf30153c4c13-cpu-gloo.metrics.csv"]
     assert sum(1 for _ in open(csv[0])) == n + 1
+
+
+def test_one_builds_latest_records_read_through_the_index_touch_only_that_file(tmp_path):
+    from harness.results.index import latest_of_build
+
+    store = Store(tmp_path / "store")
+    for git in (GIT, "f" * 40):
+        for run, status in enumerate((Status.PASS, Status.MISMATCH)):
+            for i in range(3):
+                store.append(record(f"module-config/c{i}/ws2", status, message=f"run {run}", git=git))
+    key = "2.13.0+cpu-cf30153c4c13-cpu-gloo"
+    got = latest_of_build(store.path, key)
+    assert [(r.case, r.message) for r in got] == [(f"module-config/c{i}/ws2", "run 1") for i in range(3)]
+    with Index(store.path) as index:
+        assert index.db.execute("SELECT name FROM files").fetchall() == [(f"{key}.jsonl",)]
