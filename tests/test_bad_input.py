@@ -114,3 +114,15 @@ def test_known_issues_errors_read_as_fixes(tmp_path):
     known_issues.load.cache_clear()
     with pytest.raises(HarnessError, match=r"issue #1 torch = 5: give a string \(a version specifier"):
         known_issues.load(str(path))
+
+
+@SETTINGS
+@given(spec=st.one_of(st.text(max_size=25), st.builds(lambda a, b: f"zz_nosuch{a}:{b}", st.text(max_size=8),
+                                                      st.text(max_size=8))))
+def test_plugin_specs_name_what_cannot_be_loaded(spec):
+    from harness.impls.registry import builtin_names, resolve_impls
+
+    if spec in builtin_names() or not spec.startswith("zz_nosuch") and ":" in spec:
+        return  # a real adapter, or a module an arbitrary text might name: not imported from a property test
+    impls, error = harness_error_or_records(lambda: resolve_impls([spec]))
+    assert error is not None and (spec in error or repr(spec) in error or spec.split(":")[0] in error), error
