@@ -90,7 +90,7 @@ class Index:
         self.store = Path(store_dir)
         self.path = location(self.store)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path, timeout=60)
+        self.db = sqlite3.connect(self.path, timeout=60, isolation_level=None)  # transactions are explicit
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self._latest = False  # whether temp.latest is made (and up to date)
@@ -132,9 +132,10 @@ class Index:
             present = [n for n in present if n == f"{only}.jsonl"]
         for (gone,) in self.db.execute("SELECT name FROM files").fetchall():
             if gone not in present and only is None:
-                with self.db:
-                    self.db.execute("DELETE FROM records WHERE file = ?", (gone,))
-                    self.db.execute("DELETE FROM files WHERE name = ?", (gone,))
+                self.db.execute("BEGIN IMMEDIATE")
+                self.db.execute("DELETE FROM records WHERE file = ?", (gone,))
+                self.db.execute("DELETE FROM files WHERE name = ?", (gone,))
+                self.db.execute("COMMIT")
         for name in present:
             self._update_file(name, done)
         return done
@@ -147,6 +148,18 @@ class Index:
                 head = f.read(HEAD)
         except OSError:
             return
+        # One write transaction, taken before the file's state is read: two processes bringing the same file
+        # up to date (a report beside a run) do it one after the other, and an interrupted update leaves the
+        # file's rows as they were.
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            self._update_locked(name, path, st, head, done)
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    def _update_locked(self, name: str, path: Path, st: os.stat_result, head: bytes, done: Refreshed) -> None:
         known = self.db.execute("SELECT dev, ino, size, head FROM files WHERE name = ?", (name,)).fetchone()
         start = 0
         if known is not None:
@@ -159,23 +172,22 @@ class Index:
             else:
                 done.reindexed += 1
         done.files += 1
-        with self.db:  # one transaction: an interrupted update leaves this file as it was
-            if start == 0:
-                self.db.execute("DELETE FROM records WHERE file = ?", (name,))
-            end = start
-            batch = []
-            for offset, line in _lines(path, start):
-                end = offset + len(line)
-                batch.extend(self._rows(name, path, offset, line))
-                if len(batch) >= BATCH:
-                    self._insert(batch)
-                    done.rows += len(batch)
-                    batch = []
-            self._insert(batch)
-            done.rows += len(batch)
-            done.bytes_read += end - start
-            self.db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)",
-                            (name, st.st_dev, st.st_ino, end, head[:min(HEAD, end)]))
+        if start == 0:
+            self.db.execute("DELETE FROM records WHERE file = ?", (name,))
+        end = start
+        batch = []
+        for offset, line in _lines(path, start):
+            end = offset + len(line)
+            batch.extend(self._rows(name, path, offset, line))
+            if len(batch) >= BATCH:
+                self._insert(batch)
+                done.rows += len(batch)
+                batch = []
+        self._insert(batch)
+        done.rows += len(batch)
+        done.bytes_read += end - start
+        self.db.execute("INSERT OR REPLACE INTO files VALUES (?, ?, ?, ?, ?)",
+                        (name, st.st_dev, st.st_ino, end, head[:min(HEAD, end)]))
 
     def _rows(self, name: str, path: Path, offset: int, line: bytes) -> list[tuple]:
         try:
