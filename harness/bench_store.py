@@ -15,7 +15,9 @@ memory read from ``wait4``), with the same interpreter:
 - ``report (first)``: ``report`` on a store never indexed: the first indexing
   plus the report;
 - ``report``: ``report`` again, over the index;
-- ``diff``: ``diff`` of two builds, the per-build reader ``gate`` uses too.
+- ``diff``: ``diff`` of two builds, the per-build reader ``gate`` uses too;
+
+and the size of the page ``report`` wrote.
 
 With ``--baseline REF`` the same commands of that commit
 (:func:`harness.bench_commands.export_baseline`) run on the same store, turn by
@@ -138,10 +140,12 @@ def bench_store(sizes: tuple[int, ...], builds: int, source: Optional[str], base
                         for index in store.glob(".syncbn-index*"):
                             index.unlink()
                     wall, rss = measure(tree, args, scratch)
+                    page = scratch / "out" / "index.html"
                     row = {"records": n, "bytes": size, "tree": tree.label, "command": name, "wall_s": wall,
-                           "peak_mib": rss}
+                           "peak_mib": rss, "page_bytes": page.stat().st_size if name.startswith("report") else None}
                     rows.append(row)
-                    echo(f"  {tree.label:22s} {name:15s} {wall:8.1f} s  {rss:8.0f} MiB peak")
+                    shown = f"  page {row['page_bytes'] / 2**20:.1f} MiB" if row["page_bytes"] is not None else ""
+                    echo(f"  {tree.label:22s} {name:15s} {wall:8.1f} s  {rss:8.0f} MiB peak{shown}")
             if baseline and n <= baseline_max:
                 echo("  " + ratios([r for r in rows if r["records"] == n], trees[0].label))
             shutil.rmtree(store)
