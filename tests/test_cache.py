@@ -89,6 +89,13 @@ def test_prune_by_age_and_size_keeps_what_processes_use_or_lock(cache):
     assert [e.path for e in prune(kinds=["kernels"], max_size=0).removed] == [made["new-kernels"]]
 
 
+def test_the_cli_knows_every_kind():
+    from harness.cache import KINDS
+    from harness.commands.cache import KIND_NAMES
+
+    assert KIND_NAMES == tuple(KINDS)
+
+
 def test_ages_sizes_and_kinds_are_checked():
     assert parse_age("30d") == 30 * DAY and parse_age("12h") == 43200 and parse_age("2w") == 14 * DAY
     assert parse_size("20G") == 20 * 1024 ** 3 and parse_size("500M") == 500 * 1024 ** 2 and parse_size("10") == 10

@@ -23,7 +23,6 @@ environment variables for either.
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import subprocess
@@ -83,9 +82,12 @@ def pip_configuration() -> dict[str, list[str]]:
 
 
 def _exists(location: str) -> bool:
-    """A URL is assumed to answer; a local folder (or file:// URL) must exist."""
-    path = location[len("file://"):] if location.startswith("file://") else location
-    return "://" in location and not location.startswith("file://") or Path(path).expanduser().exists()
+    """A remote URL is assumed to answer; a local folder (or ``file://`` URL) must exist."""
+    if location.startswith("file://"):
+        return Path(location[len("file://"):]).exists()
+    if "://" in location:
+        return True
+    return Path(location).expanduser().exists()
 
 
 def uv_index_args(index: IndexOptions, configured: Optional[dict[str, list[str]]] = None) -> list[str]:
@@ -125,7 +127,3 @@ def install_command(installer: str, python: Path, args: list[str], index: Option
         cmd += index.pip_args()
     return cmd, {}
 
-
-def environment(extra: dict) -> dict:
-    """This process's environment with ``extra`` added (what an install command runs with)."""
-    return {**os.environ, **extra}

@@ -8,7 +8,7 @@ import click
 
 from harness.commands import cli
 
-KIND_NAMES = ("kernels", "environments", "overlays", "compile", "bisect", "logs", "torchrun", "indexes")
+KIND_NAMES = ("kernels", "environments", "overlays", "compile", "bisect", "logs", "torchrun", "indexes", "uv")
 
 
 def _size(n: float) -> str:
