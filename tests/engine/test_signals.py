@@ -18,8 +18,9 @@ SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 def start_hanging_run(tmp_path):
     """A real `syncbn-harness run` whose rank 1 sleeps: the harness waits in its pool."""
     marker = tmp_path / "rank1-sleeping"
+    # TMPDIR: a SIGKILLed harness cannot remove multiprocessing's folder (pymp-*): let it be the test's.
     env = dict(os.environ, PYTHONPATH=SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               SYNCBN_PROBE_MARKER=str(marker))
+               SYNCBN_PROBE_MARKER=str(marker), TMPDIR=str(tmp_path))
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness", "run", "--impl", "probes:SleepOnRank1", "--case",
          "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2", "--timeout", "600",

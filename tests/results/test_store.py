@@ -239,7 +239,8 @@ def test_two_runs_into_one_store_at_once(tmp_path):
 @pytest.mark.slow
 def test_sigkill_midway_then_resume_loses_nothing_and_reruns_nothing(tmp_path):
     cases = small_selection(6)
-    env = harness_env(tmp_path, SYNCBN_TEST_SLEEP="1.0")
+    # TMPDIR: the SIGKILLed harness cannot remove multiprocessing's folder (pymp-*): let it be the test's.
+    env = harness_env(tmp_path, SYNCBN_TEST_SLEEP="1.0", TMPDIR=str(tmp_path))
     store = tmp_path / "store"
     path = store / f"{this_build_key()}.jsonl"
     args = ["run", "--impl", "tsplug:Slow", "--store", str(store), *[a for c in cases for a in ("--case", c)]]
