@@ -55,16 +55,29 @@ def supervise(selection) -> int:
     the first case, not three). SIGTERM here is passed on (the worker answers 125); Ctrl-C reaches the worker
     from the terminal (or is passed on) and ends in 130.
     """
+    import shutil
+    import tempfile
+
     cmd = [sys.executable, "-m", "harness", "check", *selection.argv()]
+    # The worker's temporary files (multiprocessing's, the pools' folders) go into a folder of this process,
+    # removed when the worker is done, however it ended: a worker killed by a signal cannot clean up.
+    scratch = tempfile.mkdtemp(prefix="syncbn-check-")
     imported_r, imported_w = os.pipe()  # the worker writes one byte once torch is imported
     try:
-        proc = subprocess.Popen(cmd, env={**os.environ, CHECK_WORKER: str(imported_w)}, pass_fds=(imported_w,))
+        proc = subprocess.Popen(cmd, env={**os.environ, CHECK_WORKER: str(imported_w), "TMPDIR": scratch},
+                                pass_fds=(imported_w,))
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
     finally:
         os.close(imported_w)
     os.set_blocking(imported_r, False)  # a leaked write end elsewhere must not make the read below wait
-    with open(imported_r, "rb") as imported:
-        code = _await_worker(proc)
-        torch_imported = code < 0 and bool(imported.read(1))
+    try:
+        with open(imported_r, "rb") as imported:
+            code = _await_worker(proc)
+            torch_imported = code < 0 and bool(imported.read(1))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     if code == -signal.SIGINT:
         return EXIT_INTERRUPTED
     if code >= 0:
