@@ -7,16 +7,9 @@ import datetime
 import click
 
 from harness.commands import cli
+from harness.results.console import format_size
 
 KIND_NAMES = ("kernels", "environments", "overlays", "compile", "bisect", "logs", "torchrun", "indexes", "uv")
-
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 def _when(t: float) -> str:
@@ -39,15 +32,15 @@ def list_cmd(kinds, show_entries):
     listed = entries(kinds)
     if show_entries:
         for e in listed:
-            click.echo(f"{e.kind:13s} {_size(e.bytes):>9}  {_when(e.last_use)}  {e.path}")
+            click.echo(f"{e.kind:13s} {format_size(e.bytes):>9}  {_when(e.last_use)}  {e.path}")
     else:
         click.echo(f"{'kind':13s} {'entries':>7}  {'size':>9}  {'oldest use':16s}  newest use")
         for kind in kinds or KIND_NAMES:
             mine = [e for e in listed if e.kind == kind]
             if mine:
-                click.echo(f"{kind:13s} {len(mine):>7}  {_size(sum(e.bytes for e in mine)):>9}  "
+                click.echo(f"{kind:13s} {len(mine):>7}  {format_size(sum(e.bytes for e in mine)):>9}  "
                            f"{_when(mine[0].last_use):16s}  {_when(mine[-1].last_use)}")
-    click.echo(f"{len(listed)} entries, {_size(sum(e.bytes for e in listed))} in {cache_root()}")
+    click.echo(f"{len(listed)} entries, {format_size(sum(e.bytes for e in listed))} in {cache_root()}")
 
 
 @cache.command()
@@ -67,8 +60,8 @@ def prune(kinds, older_than, max_size, dry_run):
                        parse_size(max_size) if max_size else None, dry_run=dry_run)
     verb = "would remove" if dry_run else "removed"
     for e in done.removed:
-        click.echo(f"{verb} {e.kind:13s} {_size(e.bytes):>9}  {_when(e.last_use)}  {e.path}")
+        click.echo(f"{verb} {e.kind:13s} {format_size(e.bytes):>9}  {_when(e.last_use)}  {e.path}")
     for e, why in done.skipped:
-        click.echo(f"kept    {e.kind:13s} {_size(e.bytes):>9}  {e.path}: {why}")
-    click.echo(f"{verb} {len(done.removed)} entries, {_size(sum(e.bytes for e in done.removed))}"
+        click.echo(f"kept    {e.kind:13s} {format_size(e.bytes):>9}  {e.path}: {why}")
+    click.echo(f"{verb} {len(done.removed)} entries, {format_size(sum(e.bytes for e in done.removed))}"
                + (f"; kept {len(done.skipped)} in use" if done.skipped else ""))

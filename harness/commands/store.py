@@ -7,15 +7,8 @@ import json
 import click
 
 from harness.commands import cli
+from harness.results.console import format_size
 from harness.commands._options import default_store, store_option
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GB"
 
 
 @cli.group()
@@ -41,10 +34,10 @@ def stats(store_dir, fmt):
     click.echo(f"{'build':<{width}}  {'records':>8}  {'latest':>8}  {'superseded':>10}  {'torn':>5}  {'bytes':>9}")
     for r in rows:
         click.echo(f"{r.key:<{width}}  {r.records:>8}  {r.latest:>8}  {r.superseded:>10}  {r.torn:>5}  "
-                   f"{_size(r.bytes):>9}")
+                   f"{format_size(r.bytes):>9}")
     total = sum(r.bytes for r in rows)
     click.echo(f"{len(rows)} builds, {sum(r.records for r in rows)} records "
-               f"({sum(r.superseded for r in rows)} superseded), {_size(total)} in {where}")
+               f"({sum(r.superseded for r in rows)} superseded), {format_size(total)} in {where}")
 
 
 @store.command()
@@ -58,5 +51,5 @@ def compact(builds, store_dir):
     where = store_dir or default_store()
     for c in compact_store(where, builds):
         torn = f", {c.torn_dropped} torn line(s) dropped" if c.torn_dropped else ""
-        click.echo(f"{c.key}: {c.records_before} -> {c.records_after} records, {_size(c.bytes_before)} -> "
-                   f"{_size(c.bytes_after)}{torn}")
+        click.echo(f"{c.key}: {c.records_before} -> {c.records_after} records, {format_size(c.bytes_before)} -> "
+                   f"{format_size(c.bytes_after)}{torn}")

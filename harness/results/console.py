@@ -28,6 +28,15 @@ def format_ratio(x: Optional[float]) -> str:
     return f"{x:.3g}"
 
 
+def format_size(n: float) -> str:
+    """Bytes as people read them: ``512 B``, ``7.4 KB``, ``352.4 MB``, ``5.5 GB``."""
+    for unit in ("B", "KB", "MB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GB"
+
+
 def _cell(counter: collections.Counter) -> str:
     return ", ".join(f"{n} {label}" for label, n in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))) or "-"
 
