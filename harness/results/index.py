@@ -284,10 +284,3 @@ def latest_of_build(store_dir: os.PathLike | str, key: str) -> list[Record]:
         rows = index.db.execute("SELECT file, offset, length FROM records WHERE id IN (SELECT max(id) FROM records "
                                 "WHERE build = ? GROUP BY impl, case_id) ORDER BY id", (key,)).fetchall()
         return list(index.load(rows))
-
-
-def count(store_dir: os.PathLike | str) -> Optional[int]:
-    """How many latest records the store holds, or None when it has no file."""
-    with refreshed(store_dir) as index:
-        (n,) = index.query("SELECT count(*) FROM latest")[0]
-        return n or None
