@@ -26,7 +26,10 @@ Figures (every one a command line, the same for both trees):
   (seed 0: the same cases in both trees), its time the inverse of the search rate.
 
 Each is timed ``--repeat`` times per tree (the median is reported); records
-go to a temporary store removed afterwards, as is the exported baseline.
+go to a temporary store removed afterwards, as is the exported baseline. A
+command runs in a session of its own, and the next starts only once every
+process of that session has ended (untimed): what one tree leaves running after
+its command returns must not be charged to the other tree's next turn.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ FIGURES = ("startup", "check-one", "run-one", "layer", "ddp", "compile", "defaul
            "search")
 SEARCH_CASES = 60
 COMMAND_TIMEOUT_S = 1800
+QUIET_TIMEOUT_S = 60.0
 
 
 @dataclass
@@ -139,13 +143,46 @@ def time_command(tree: Tree, args: list[str], scratch: Path) -> float:
     cmd = tree.command(args, store)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=scratch, env={**os.environ, **tree.env}, capture_output=True, text=True,
-                          timeout=COMMAND_TIMEOUT_S)
+                          timeout=COMMAND_TIMEOUT_S, start_new_session=True)
     elapsed = time.perf_counter() - t0
+    await_quiet(proc.pid)
     shutil.rmtree(store, ignore_errors=True)
     if proc.returncode not in (0, 1):
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
         raise RuntimeError(f"{tree.label}: `{' '.join(cmd)}` exited {proc.returncode}:\n{tail}")
     return elapsed
+
+
+def await_quiet(session: int, timeout: float = QUIET_TIMEOUT_S) -> None:
+    """Wait (untimed) until no process of ``session`` is still running: what a command leaves running after it
+    exits (a forkserver's teardown, say) must not slow the next command timed. Linux only (reads /proc);
+    after ``timeout`` seconds the stragglers are killed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not _running_in(session):
+            return
+        time.sleep(0.01)
+    for pid in _running_in(session):
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+
+
+def _running_in(session: int) -> list[int]:
+    """Pids of the live (not zombie) processes whose session is ``session``."""
+    pids = []
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[3]) == session:
+            pids.append(int(entry))
+    return pids
 
 
 def bench_run(baseline: Optional[str], figures: tuple[str, ...], repeat: int, warmup: bool,

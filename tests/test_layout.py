@@ -23,6 +23,7 @@ MAX_LINES = 420
 LAYERS = [
     ("harness", "errors", "paths"),  # version, the error types, where things live
     ("cache",),                      # what the cache holds, listed and pruned
+    ("slices",),                     # large tensors worked a batch slice at a time
     ("catalog", "cases"),            # the case type and the families (registration by import: the one circle)
     ("kernels",),                    # the reference's C++/CUDA extension
     ("judge",),                      # the float64 oracle, tolerances, metrics, invariants

@@ -6,13 +6,22 @@ which build it under the cache's lock and report a failure as the implementation
 :mod:`harness.engine.warm_dynamo`, preloaded for selections that compile or build optimizers, calls
 :func:`dynamo`: dynamo, its backends and inductor's compiler.
 
-Both run on a CPU build of torch only: on a CUDA build anything that asked for a GPU would initialize
+Importing it also makes the forkserver exit without the interpreter's teardown (:func:`exit_fast`):
+the forkserver outlives the command that started it by as long as that teardown takes (half a second
+of CPU with torch loaded), which the next command (a ``git bisect run`` step, a benchmark's next
+turn) would pay.
+
+The kernels and dynamo run on a CPU build of torch only: on a CUDA build anything that asked for a GPU would initialize
 CUDA in the forkserver, which its forked ranks could then not use, so ranks do it themselves there.
 Nothing here raises (whatever fails, a rank does again and reports), starts a thread or computes a
 tensor, so forking afterwards is safe.
 """
 
 from __future__ import annotations
+
+import atexit
+import os
+import sys
 
 
 def _cpu_build() -> bool:
@@ -44,4 +53,22 @@ def dynamo() -> None:
         pass
 
 
+def exit_fast(server_pid: int) -> None:
+    """At exit of process ``server_pid`` (the forkserver), flush and leave without the interpreter's teardown.
+
+    The forkserver exits when the process that started it closes their pipe: nothing of its state needs
+    tearing down. Its forked ranks never run atexit handlers (multiprocessing ends them with ``os._exit``);
+    the pid check makes sure of it.
+    """
+    if os.getpid() != server_pid:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(0)
+
+
 kernels()
+atexit.register(exit_fast, os.getpid())

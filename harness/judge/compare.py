@@ -49,12 +49,16 @@ the expected dtype's range, infinity (or the largest finite value) of its sign i
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 import torch
 
 from harness.catalog.case import DTYPES, MEMORY_FORMATS, Case
+from harness.judge.elementwise import compare_tensor
 from harness.judge.metric import Metric
+from harness.slices import batch_slices
 
 K = 8.0
 UNIT_ROUNDOFF = {
@@ -63,58 +67,11 @@ UNIT_ROUNDOFF = {
     torch.float32: 2.0**-24,
     torch.float64: 2.0**-53,
 }
-TINY = 1e-300
 
 
 def gamma(n: int) -> float:
     """Rounding-error growth of a reduction over ``n`` terms, in unit roundoffs."""
     return 2.0 * math.sqrt(max(n, 1)) + 2.0
-
-
-def compare_tensor(got: Optional[torch.Tensor], true: torch.Tensor, tol: torch.Tensor, *,
-                   dtype: Optional[torch.dtype] = None,
-                   memory_format: Optional[torch.memory_format] = None) -> Metric:
-    """Compare ``got`` with the float64 ``true`` elementwise against the final tolerance ``tol``."""
-    if got is None:
-        got = torch.zeros_like(true)  # a missing gradient is a gradient of zeros
-    elif dtype is not None and got.dtype != dtype:
-        return Metric.failure(f"dtype {got.dtype}, expected {dtype}")
-    if tuple(got.shape) != tuple(true.shape):
-        return Metric.failure(f"shape {tuple(got.shape)}, expected {tuple(true.shape)}")
-    if memory_format is not None and got.dim() in (4, 5) and got.numel() > 0 \
-            and not got.is_contiguous(memory_format=memory_format):
-        return Metric.failure(f"output not in {memory_format}")
-    g = got.detach().to(torch.float64).cpu()
-    t = true.to(torch.float64)
-    if t.numel() == 0:
-        return Metric(0.0, 0.0, 0.0, 0.0)
-    # Elementwise passes over tensors of the case's size are most of a large case's judgement: the tolerance
-    # stays in its own (per-channel) shape until the division broadcasts it, and temporaries are reused.
-    tol = tol.to(torch.float64)
-    finite = torch.isfinite(t)
-    t_abs = t.abs()
-    if dtype is not None and dtype.is_floating_point and dtype != torch.float64:
-        # A true value beyond the dtype's range rounds to infinity: +-inf (or +-max) of its sign is exact there.
-        big = torch.finfo(dtype).max
-        beyond = finite & (t_abs > big)
-        if bool(beyond.any()):
-            overflow = beyond & ((g.abs() == math.inf) | (g.abs() == big)) & (g.sign() == t.sign())
-            finite = finite & ~overflow
-    all_finite = bool(finite.all())
-    bad = ~torch.isfinite(g) if all_finite else finite & ~torch.isfinite(g)
-    if bool(bad.any()):
-        return Metric(math.inf, math.inf, 0.0, math.inf, f"{int(bad.sum())} non-finite values where the oracle "
-                                                           "is finite")
-    err = torch.sub(g, t).abs_()
-    if not all_finite:
-        err.masked_fill_(~finite, 0.0)
-    rel = torch.div(err, t_abs.clamp_min_(TINY), out=t_abs)
-    rel_max = float(rel.max())
-    ratio = torch.div(err, tol.clamp_min(TINY), out=rel)
-    ratio.masked_fill_(err == 0, 0.0)
-    worst = int(ratio.reshape(-1).argmax())
-    tol_at = float(torch.broadcast_to(tol, t.shape).reshape(-1)[worst])
-    return Metric(float(err.max()), rel_max, tol_at, float(ratio.reshape(-1)[worst]))
 
 
 def _chan(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -123,6 +80,32 @@ def _chan(v: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def _dims(x: torch.Tensor) -> list[int]:
     return [0] + list(range(2, x.dim()))
+
+
+def _abs_xhat(x: torch.Tensor, mu: torch.Tensor, invstd: torch.Tensor) -> torch.Tensor:
+    """|x - mu| invstd in float64 (a fresh tensor, whatever ``x``'s dtype)."""
+    return x.detach().to(torch.float64, copy=True).sub_(_chan(mu, x)).mul_(_chan(invstd, x)).abs_()
+
+
+@dataclass
+class ShareSums:
+    """One rank's per-channel sums of magnitudes at one step, which every gradient share's budget uses."""
+
+    abs_dy: torch.Tensor  # sum |dy| over (N, *spatial)
+    abs_dy_xhat: torch.Tensor  # sum |dy xhat| (= sum |dy| |xhat|, the same products)
+
+
+def share_sums(x: torch.Tensor, dy: torch.Tensor, mu: torch.Tensor, invstd: torch.Tensor) -> ShareSums:
+    """:class:`ShareSums` of ``x`` and ``dy`` (any float dtype) normalized with ``mu`` and ``invstd``, a batch
+    slice at a time in float64."""
+    dims = _dims(x)
+    abs_dy = torch.zeros(x.shape[1], dtype=torch.float64)
+    abs_dy_xhat = torch.zeros(x.shape[1], dtype=torch.float64)
+    for a, b in batch_slices(x):
+        d = dy[a:b].detach().to(torch.float64, copy=True).abs_()
+        abs_dy += d.sum(dim=dims)
+        abs_dy_xhat += d.mul_(_abs_xhat(x[a:b], mu, invstd)).sum(dim=dims)
+    return ShareSums(abs_dy, abs_dy_xhat)
 
 
 class Budget:
@@ -142,15 +125,15 @@ class Budget:
         """``1 + invstd |mu|``: statistics are exact up to rounding relative to the mean, not the spread."""
         return 1.0 + invstd * mean.abs()
 
-    def grad_weight_share(self, x, dy, mu, invstd, g_N: float) -> torch.Tensor:
-        """Unscaled budget of one rank's grad_weight share (without the parameter dtype's rounding)."""
+    def grad_weight_share(self, x, dy, mu, invstd, g_N: float, sums: Optional[ShareSums] = None) -> torch.Tensor:
+        """Unscaled budget of one rank's grad_weight share (without the parameter dtype's rounding);
+        ``sums``: :func:`share_sums` of these tensors, when the caller has them."""
         if not x.numel():
             return torch.zeros_like(mu)
+        sums = sums or share_sums(x, dy, mu, invstd)
         sf = self.stats_factor(mu, invstd)
         n = x.numel() // x.shape[1]
-        xhat = (x - _chan(mu, x)) * _chan(invstd, x)
-        return ((self.u_in + self.u_a * (gamma(n) + g_N) * sf) * (dy * xhat).abs().sum(dim=_dims(x))
-                + self.u_a * g_N * sf * dy.abs().sum(dim=_dims(x)))
+        return (self.u_in + self.u_a * (gamma(n) + g_N) * sf) * sums.abs_dy_xhat + self.u_a * g_N * sf * sums.abs_dy
 
     def running(self, truths, rank: int) -> list[tuple]:
         """Per step, the unscaled running-statistics budgets ``(rm_tol, rv_tol)`` before and after it.
@@ -187,22 +170,21 @@ class Budget:
         return out
 
     @staticmethod
-    def eval_grad_weight(x, dy, mu, invstd, before: tuple) -> torch.Tensor:
+    def eval_grad_weight(x, dy, mu, invstd, before: tuple, sums: Optional[ShareSums] = None) -> torch.Tensor:
         """What an eval step's grad_weight share adds for the running statistics it normalized with
         (d gw / d rm = -invstd sum dy; d gw / d rv = -invstd^2 sum dy xhat / 2)."""
         rm_tol, rv_tol = before
         if rm_tol is None or not x.numel():
             return torch.zeros_like(mu)
-        xhat = (x - _chan(mu, x)) * _chan(invstd, x)
-        return rm_tol * invstd * dy.abs().sum(dim=_dims(x)) + 0.5 * rv_tol * invstd ** 2 * (dy * xhat).abs().sum(
-            dim=_dims(x))
+        sums = sums or share_sums(x, dy, mu, invstd)
+        return rm_tol * invstd * sums.abs_dy + 0.5 * rv_tol * invstd ** 2 * sums.abs_dy_xhat
 
-    def grad_bias_share(self, x, dy) -> torch.Tensor:
+    def grad_bias_share(self, x, dy, sums: Optional[ShareSums] = None) -> torch.Tensor:
         """Unscaled budget of one rank's grad_bias share (without the parameter dtype's rounding)."""
         if not x.numel():
             return torch.zeros(x.shape[1], dtype=torch.float64)
         n = x.numel() // x.shape[1]
-        return (self.u_in + self.u_a * gamma(n)) * dy.abs().sum(dim=_dims(x))
+        return (self.u_in + self.u_a * gamma(n)) * (sums.abs_dy if sums else dy.abs().sum(dim=_dims(x)))
 
 
 def judge_rank(case: Case, rank: int, data, truths, observed: list[dict],
@@ -229,20 +211,20 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict],
     running = b.running(truths, rank)  # unscaled running-statistics budgets before and after each step
     shares: list = []  # per step: this rank's true grad_weight/grad_bias shares and their unscaled budgets
     for s, (truth, obs) in enumerate(zip(truths, observed)):
-        x = data.inputs[s][rank].double()
-        dy = data.grad_outputs[s][rank].double()
+        x, dy = data.inputs[s][rank], data.grad_outputs[s][rank]  # widened to float64 a batch slice at a time
         mu, invstd, N = truth.mean[rank], truth.invstd[rank], truth.count[rank]
         train = truth.kind == "train"
         rm_tol, rv_tol = running[s][0]
         sf = b.stats_factor(mu, invstd)
         # Batch statistics (a reduction over N) normalize in training, and in eval without running statistics.
         g_N = gamma(N) if train or not case.track_running_stats else 1.0
+        sums = share_sums(x, dy, mu, invstd) if case.affine or obs is not None else None
         if case.affine:
-            gw_share = b.grad_weight_share(x, dy, mu, invstd, g_N)
+            gw_share = b.grad_weight_share(x, dy, mu, invstd, g_N, sums)
             # Eval normalizes with the implementation's running statistics: carry their budget.
-            gw_eval = b.eval_grad_weight(x, dy, mu, invstd, running[s][0]) \
+            gw_eval = b.eval_grad_weight(x, dy, mu, invstd, running[s][0], sums) \
                 if not train and case.track_running_stats else None
-            gb_share = b.grad_bias_share(x, dy)
+            gb_share = b.grad_bias_share(x, dy, sums)
             shares.append((truth.grad_weight[rank], truth.grad_bias[rank],
                            gw_share if gw_eval is None else gw_share + gw_eval, gb_share))
             if budgets is not None:
@@ -250,16 +232,24 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict],
                                    "grad_weight_eval": None if gw_eval is None else gw_eval.tolist()}
         if obs is None:
             continue  # this rank takes no part in the step (evaluation on rank 0 alone)
-        xhat = (x - _chan(mu, x)) * _chan(invstd, x)
+        # Each tolerance is a per-channel combination of elementwise magnitudes with K and the unit roundoffs
+        # folded into per-channel coefficients, built in place a batch slice at a time as the comparison asks
+        # for it (a large case's judgement is mostly elementwise passes over float64 tensors).
+        # Output: u_in (|y| + |w| |xhat| + |b|) + u_a g_N |w| sf (1 + |xhat|).
         y = truth.output[rank]
-        tol_y = (b.u_in * (y.abs() + _chan(w.abs(), x) * xhat.abs() + _chan(bias.abs(), x))
-                 + b.u_a * g_N * _chan(w.abs() * sf, x) * (1 + xhat.abs()))
+        w_abs = w.abs()
+        c_round = b.u_a * g_N * w_abs * sf
+        coef_xhat = b.u_in * w_abs + c_round
+        coef_one = b.u_in * bias.abs() + c_round
         if not train and rm_tol is not None:
-            # Eval normalizes with the implementation's running statistics: carry their budget.
-            tol_y = tol_y + _chan(w.abs() * invstd * (rm_tol + 0.5 * rv_tol * invstd), x) * (1 + xhat.abs())
+            # Eval normalizes with the implementation's running statistics: carry their budget, x (1 + |xhat|).
+            c_running = w_abs * invstd * (rm_tol + 0.5 * rv_tol * invstd)
+            coef_xhat, coef_one = coef_xhat + c_running, coef_one + c_running
+        tol_y = partial(_output_tolerance, y=y, x=x, mu=mu, invstd=invstd, c_y=K * b.u_in,
+                        c_xhat=_chan(K * coef_xhat, x), c_one=_chan(K * coef_one, x))
         tag = f"step{s}.{truth.kind}"
         expected_format = fmt if obs.get("layout_checked", True) else None
-        out.append((f"{tag}.output", compare_tensor(obs["output"], y, K * tol_y, dtype=b.dtype,
+        out.append((f"{tag}.output", compare_tensor(obs["output"], y, tol_y, dtype=b.dtype,
                                                      memory_format=expected_format)))
         grads = obs.get("grads", "own")  # own | none (no backward) | deferred (a later step's) | accumulated
         if grads != "none":
@@ -268,16 +258,19 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict],
                 mean_abs_dy, mean_abs_dyx = truth.mean_abs_dy[rank], truth.mean_abs_dy_xhat[rank]
             elif x.numel():
                 # No group means given: this rank's share as an estimate.
-                mean_abs_dy = dy.abs().mean(dim=_dims(x))
-                mean_abs_dyx = (dy * xhat).abs().mean(dim=_dims(x))
+                n = x.numel() // x.shape[1]
+                mean_abs_dy, mean_abs_dyx = sums.abs_dy / n, sums.abs_dy_xhat / n
             else:
                 mean_abs_dy = mean_abs_dyx = torch.zeros(case.channels, dtype=torch.float64)
-            D = dy.abs() + _chan(mean_abs_dy, x) + xhat.abs() * _chan(mean_abs_dyx, x)
-            tol_dx = ((b.u_in + b.u_a * g_N * _chan(sf, x)) * _chan(w.abs() * invstd, x) * D
-                      + b.u_in * truth.grad_input[rank].abs())
+            # (u_in + u_a g_N sf) |w| invstd D + u_in |dx|, D = |dy| + mean|dy| + |xhat| mean|dy xhat|
+            coef = (b.u_in + b.u_a * g_N * sf) * w_abs * invstd
+            coef_dy = coef
             if not train and rm_tol is not None:
-                tol_dx = tol_dx + _chan(w.abs() * 0.5 * rv_tol * invstd ** 3, x) * dy.abs()
-            out.append((f"{tag}.grad_input", compare_tensor(obs["grad_input"], truth.grad_input[rank], K * tol_dx,
+                coef_dy = coef + w_abs * 0.5 * rv_tol * invstd ** 3  # the running variance's budget, x |dy|
+            tol_dx = partial(_grad_input_tolerance, gin=truth.grad_input[rank], x=x, dy=dy, mu=mu, invstd=invstd,
+                             c_gin=K * b.u_in, c_dy=_chan(K * coef_dy, x), c_xhat=_chan(K * coef * mean_abs_dyx, x),
+                             c_one=_chan(K * coef * mean_abs_dy, x))
+            out.append((f"{tag}.grad_input", compare_tensor(obs["grad_input"], truth.grad_input[rank], tol_dx,
                                                              dtype=b.dtype)))
         if case.affine and grads in ("own", "accumulated"):
             steps = obs.get("grad_steps") or [s]
@@ -301,6 +294,19 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict],
                 out.append((f"{tag}.num_batches_tracked",
                             Metric.failure(f"num_batches_tracked {got_nbt}, expected {want}")))
     return out
+
+
+def _output_tolerance(a: int, e: int, *, y, x, mu, invstd, c_y: float, c_xhat, c_one) -> torch.Tensor:
+    """The output's final tolerance on batch rows a:e: c_y |y| + c_xhat |xhat| + c_one (per-channel c's)."""
+    return y[a:e].abs().mul_(c_y).addcmul_(_abs_xhat(x[a:e], mu, invstd), c_xhat).add_(c_one)
+
+
+def _grad_input_tolerance(a: int, e: int, *, gin, x, dy, mu, invstd, c_gin: float, c_dy, c_xhat,
+                          c_one) -> torch.Tensor:
+    """The input gradient's final tolerance on batch rows a:e: c_gin |dx| + c_dy |dy| + c_xhat |xhat| + c_one."""
+    abs_dy = dy[a:e].detach().to(torch.float64, copy=True).abs_()
+    return gin[a:e].abs().mul_(c_gin).addcmul_(abs_dy, c_dy).addcmul_(_abs_xhat(x[a:e], mu, invstd), c_xhat).add_(
+        c_one)
 
 
 def sum_tolerance(case: Case, data, truths, step: int, which: str) -> torch.Tensor:

@@ -23,7 +23,7 @@ Memory stays bounded at real network sizes (hundreds of thousands of values
 per channel per rank): per-channel reductions (count, mean, the sum of
 squared deviations from the group's mean, sum(dy), sum(dy * (x - mean)), the
 affine gradients) run over each rank's tensor in slices of at most
-:data:`CHUNK` elements converted to float64 one at a time, in two passes (the
+:data:`harness.slices.CHUNK` elements converted to float64 one at a time, in two passes (the
 mean first, then deviations from it), so no rank's data is ever concatenated
 with another's or widened whole. The per-element results (output and
 grad_input) are produced only for the ranks asked for (``ranks``): a rank
@@ -38,9 +38,9 @@ from typing import Optional, Sequence
 import torch
 
 from harness.catalog.case import STEP_KINDS
+from harness.slices import batch_slices
 
 Tensor = torch.Tensor
-CHUNK = 1 << 22  # elements widened to float64 at a time by the per-channel reductions
 
 
 @dataclass
@@ -71,19 +71,11 @@ def _bcast(v: Tensor, like: Tensor) -> Tensor:
     return v.view(1, -1, *([1] * (like.dim() - 2)))
 
 
-def _slices(x: Tensor):
-    """``x`` cut along the batch into slices of at most :data:`CHUNK` elements (one sample at least)."""
-    per_sample = max(x[0].numel(), 1) if x.shape[0] else 1
-    step = max(1, CHUNK // per_sample)
-    for i in range(0, x.shape[0], step):
-        yield i, min(i + step, x.shape[0])
-
-
 def channel_sum(x: Tensor, fn=None, y: Optional[Tensor] = None) -> Tensor:
     """Per-channel float64 sum over (N, *spatial) of ``fn(x)`` (or ``fn(x, y)``), a slice at a time."""
     dims = [0] + list(range(2, x.dim()))
     total = torch.zeros(x.shape[1], dtype=torch.float64)
-    for a, b in _slices(x):
+    for a, b in batch_slices(x):
         xs = x[a:b].detach().to(torch.float64)
         if y is not None:
             v = fn(xs, y[a:b].detach().to(torch.float64))
@@ -105,7 +97,7 @@ class DeviationSums:
 
 
 def deviation_sums(x: Tensor, dy: Tensor, mean: Tensor, *, squares: bool) -> DeviationSums:
-    """The sums of :class:`DeviationSums` in one pass, a slice of :data:`CHUNK` elements at a time.
+    """The sums of :class:`DeviationSums` in one pass, a batch slice (:mod:`harness.slices`) at a time.
 
     Each slice is widened to float64 once (five separate passes widened x four times and dy four times);
     the values summed are the same elementwise products as in separate passes, slice by slice.
@@ -113,14 +105,14 @@ def deviation_sums(x: Tensor, dy: Tensor, mean: Tensor, *, squares: bool) -> Dev
     dims = [0] + list(range(2, x.dim()))
     C = x.shape[1]
     acc = [torch.zeros(C, dtype=torch.float64) for _ in range(5)]
-    for a, b in _slices(x):
+    for a, b in batch_slices(x):
         xmu = x[a:b].detach().to(torch.float64, copy=True)
         xmu -= _bcast(mean, xmu)
-        d = dy[a:b].detach().to(torch.float64)
+        d = dy[a:b].detach().to(torch.float64, copy=True)
         prod = d * xmu
         acc[1] += d.sum(dim=dims)
         acc[2] += prod.sum(dim=dims)
-        acc[3] += d.abs().sum(dim=dims)
+        acc[3] += d.abs_().sum(dim=dims)
         acc[4] += prod.abs_().sum(dim=dims)
         if squares:
             acc[0] += xmu.mul_(xmu).sum(dim=dims)
@@ -130,16 +122,21 @@ def deviation_sums(x: Tensor, dy: Tensor, mean: Tensor, *, squares: bool) -> Dev
 def _normalize(x: Tensor, dy: Tensor, mean: Tensor, invstd: Tensor, w: Tensor, b: Tensor,
                count: int, sum_dy: Tensor, sum_dy_xmu: Tensor, training: bool):
     """Forward output and input gradient of one rank (all float64)."""
-    x64 = x.detach().to(torch.float64)
-    dy64 = dy.detach().to(torch.float64)
-    xmu = x64 - _bcast(mean, x64)
-    out = xmu * _bcast(invstd * w, x64) + _bcast(b, x64)
+    # A batch slice at a time, in place: the same operations on the same values as the textbook expressions
+    # xmu invstd w + b and (dy - mean(dy) - xmu proj) invstd w, without whole-size temporaries.
+    out = torch.empty_like(x, dtype=torch.float64)
+    gin = torch.empty_like(dy, dtype=torch.float64)
+    scale = _bcast(invstd * w, x)
     if training:
-        grad_mean = sum_dy / count
-        proj = sum_dy_xmu / count * invstd * invstd
-        gin = (dy64 - _bcast(grad_mean, x64) - xmu * _bcast(proj, x64)) * _bcast(invstd * w, x64)
-    else:
-        gin = dy64 * _bcast(invstd * w, x64)
+        grad_mean = _bcast(sum_dy / count, x)
+        minus_proj = _bcast(-(sum_dy_xmu / count * invstd * invstd), x)
+    for a, e in batch_slices(x):
+        xmu = x[a:e].detach().to(torch.float64, copy=True).sub_(_bcast(mean, x))
+        torch.addcmul(_bcast(b, x), xmu, scale, out=out[a:e])
+        g = gin[a:e].copy_(dy[a:e].detach())
+        if training:
+            g.sub_(grad_mean).addcmul_(xmu, minus_proj)
+        g.mul_(scale)
     return out, gin
 
 

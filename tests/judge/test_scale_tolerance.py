@@ -17,7 +17,8 @@ import torch
 
 from harness.catalog.case import Case, materialize
 from harness.judge.compare import judge_rank
-from harness.judge.oracle import CHUNK, run_oracle
+from harness.judge.oracle import run_oracle
+from harness.slices import CHUNK
 
 STEM = (32, (112, 112))  # images per rank, spatial: 401,408 values per channel per rank
 
@@ -82,7 +83,7 @@ def test_float32_arithmetic_passes_and_one_ulp_per_element_fails_at_resnet_stem_
 
 
 def test_the_oracle_reduces_a_slice_at_a_time_and_only_for_the_rank_asked(monkeypatch):
-    from harness.judge import oracle
+    from harness import slices
 
     case = stem_case(channels=1)
     data = materialize(case)
@@ -93,7 +94,7 @@ def test_the_oracle_reduces_a_slice_at_a_time_and_only_for_the_rank_asked(monkey
         return t
 
     whole = truth()
-    monkeypatch.setattr(oracle, "CHUNK", 112 * 112)  # one sample a slice: 32 slices per rank
+    monkeypatch.setattr(slices, "CHUNK", 112 * 112)  # one sample a slice: 32 slices per rank
     sliced = truth()
     assert sliced.output[0] is None and sliced.output[1] is not None
     assert sliced.count == [2 * 401_408, 2 * 401_408]
