@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -142,13 +143,19 @@ def time_command(tree: Tree, args: list[str], scratch: Path) -> float:
     store = Path(tempfile.mkdtemp(prefix="store-", dir=scratch))
     cmd = tree.command(args, store)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=scratch, env={**os.environ, **tree.env}, capture_output=True, text=True,
-                          timeout=COMMAND_TIMEOUT_S, start_new_session=True)
+    proc = subprocess.Popen(cmd, cwd=scratch, env={**os.environ, **tree.env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=COMMAND_TIMEOUT_S)
+    except BaseException:  # a timeout, Ctrl-C: the command's whole session goes
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
     elapsed = time.perf_counter() - t0
     await_quiet(proc.pid)
     shutil.rmtree(store, ignore_errors=True)
     if proc.returncode not in (0, 1):
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
+        tail = "\n".join((stderr or stdout).strip().splitlines()[-15:])
         raise RuntimeError(f"{tree.label}: `{' '.join(cmd)}` exited {proc.returncode}:\n{tail}")
     return elapsed
 
@@ -164,7 +171,7 @@ def await_quiet(session: int, timeout: float = QUIET_TIMEOUT_S) -> None:
         time.sleep(0.01)
     for pid in _running_in(session):
         try:
-            os.kill(pid, 9)
+            os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
 
