@@ -71,3 +71,27 @@ def test_bench_run_times_this_tree_against_an_exported_commit(tmp_path):
     assert rows[0]["figure"] == "startup" and rows[0]["ratio"] > 0
     assert lines[1].startswith("startup") and "ratio" in lines[1]
     assert set(bench_commands.Path(tempfile.gettempdir()).glob("syncbn-bench-*")) == before
+
+
+def test_the_next_command_waits_until_the_last_one_left_nothing_running():
+    """A command that returns while a process it started still runs (a forkserver's teardown, say): the bench
+    waits for that process, untimed, before timing anything else; past the limit it kills it."""
+    import subprocess
+    import time
+
+    from harness.bench_commands import _running_in, await_quiet
+
+    proc = subprocess.Popen(["bash", "-c", "sleep 1 & exit 0"], start_new_session=True)
+    proc.wait(timeout=30)
+    assert _running_in(proc.pid)  # the sleep outlives the command
+    t0 = time.monotonic()
+    await_quiet(proc.pid)
+    assert 0.3 < time.monotonic() - t0 < 30 and not _running_in(proc.pid)
+
+    proc = subprocess.Popen(["bash", "-c", "sleep 60 & exit 0"], start_new_session=True)
+    proc.wait(timeout=30)
+    await_quiet(proc.pid, timeout=0.5)
+    deadline = time.monotonic() + 10
+    while _running_in(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running_in(proc.pid)

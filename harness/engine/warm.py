@@ -11,8 +11,9 @@ the forkserver outlives the command that started it by as long as that teardown 
 of CPU with torch loaded), which the next command (a ``git bisect run`` step, a benchmark's next
 turn) would pay.
 
-The kernels and dynamo run on a CPU build of torch only: on a CUDA build anything that asked for a GPU would initialize
-CUDA in the forkserver, which its forked ranks could then not use, so ranks do it themselves there.
+The kernels and dynamo are loaded on a CPU build of torch only: on a CUDA build anything that asked
+for a GPU would initialize CUDA in the forkserver, which its forked ranks could then not use, so
+ranks do it themselves there.
 Nothing here raises (whatever fails, a rank does again and reports), starts a thread or computes a
 tensor, so forking afterwards is safe.
 """

@@ -44,8 +44,10 @@ from harness.errors import UsageError
 PARTS = (
     ("harness.judge.metric", None),
     ("harness.results.records", ("RankStatus",)),
+    ("harness.slices", None),
     ("harness.catalog.case", None),
     ("harness.judge.oracle", None),
+    ("harness.judge.elementwise", None),
     ("harness.judge.compare", None),
     ("harness.engine.messages", None),
     ("harness.engine.collectives", None),

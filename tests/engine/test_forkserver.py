@@ -83,3 +83,27 @@ def test_an_implementation_that_changes_its_inputs_cannot_change_the_next_ones_v
     assert ref_after.status == ref_alone.status and ref_alone.status.value == "pass", ref_after.message
     assert {k: m.to_dict() for k, m in ref_after.metrics.items()} == \
         {k: m.to_dict() for k, m in ref_alone.metrics.items()}
+
+
+def test_the_forkserver_leaves_without_teardown_and_its_forks_keep_theirs(tmp_path):
+    """The preload's last module makes the process that imported it (the forkserver) skip every exit handler
+    registered before it; a process forked from it (a rank) is another pid and exits as usual."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "server.py"
+    script.write_text(
+        "import atexit, os, sys\n"
+        "atexit.register(lambda: print(f'teardown {os.getpid()}', flush=True))\n"
+        "import harness.engine.warm\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    sys.exit(0)\n"
+        "os.waitpid(child, 0)\n"
+        "print(f'server {os.getpid()}', flush=True)\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split()
+    server = lines[lines.index("server") + 1]
+    assert f"teardown {server}" not in proc.stdout  # the server left at once
+    assert proc.stdout.count("teardown") == 1  # the fork ran its handlers
