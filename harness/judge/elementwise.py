@@ -56,7 +56,7 @@ def compare_tensor(got: Optional[torch.Tensor], true: torch.Tensor, tol: Toleran
         return Metric(0.0, 0.0, 0.0, 0.0)
     got = got.detach()
     if true.dim() == 0 or true.numel() <= CHUNK:
-        parts = [_compare(got, true, tol(0, len(true)) if callable(tol) else tol, dtype)]
+        parts = [_compare(got, true, tol(0, true.shape[0] if true.dim() else 1) if callable(tol) else tol, dtype)]
     else:
         parts = [_compare(got[a:b], true[a:b], tol(a, b) if callable(tol) else _rows(tol, true, a, b), dtype)
                  for a, b in batch_slices(true)]
