@@ -218,7 +218,10 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict],
         sf = b.stats_factor(mu, invstd)
         # Batch statistics (a reduction over N) normalize in training, and in eval without running statistics.
         g_N = gamma(N) if train or not case.track_running_stats else 1.0
-        sums = share_sums(x, dy, mu, invstd) if case.affine or obs is not None else None
+        if truth.rank_abs_dy and truth.rank_abs_dy[rank] is not None:  # the oracle summed them already
+            sums = ShareSums(truth.rank_abs_dy[rank], truth.rank_abs_dy_xhat[rank])
+        else:
+            sums = share_sums(x, dy, mu, invstd) if case.affine or obs is not None else None
         if case.affine:
             gw_share = b.grad_weight_share(x, dy, mu, invstd, g_N, sums)
             # Eval normalizes with the implementation's running statistics: carry their budget.

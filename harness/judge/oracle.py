@@ -65,6 +65,9 @@ class StepTruth:
     # input gradient's error scales with these means over the whole group, not one rank's share).
     mean_abs_dy: list[Tensor] = field(default_factory=list)
     mean_abs_dy_xhat: list[Tensor] = field(default_factory=list)
+    # Per rank: its own sums of |dy| and |dy * xhat| (for the budgets of its gradient shares).
+    rank_abs_dy: list[Optional[Tensor]] = field(default_factory=list)
+    rank_abs_dy_xhat: list[Optional[Tensor]] = field(default_factory=list)
 
 
 def _bcast(v: Tensor, like: Tensor) -> Tensor:
@@ -203,6 +206,8 @@ def run_oracle(
         counts: list = [0] * world
         abs_dy: list = [None] * world
         abs_dy_xhat: list = [None] * world
+        rank_abs_dy: list = [None] * world
+        rank_abs_dy_xhat: list = [None] * world
         use_batch = kind == "train" or not track_running_stats
         for group in groups:
             sync = kind == "train"
@@ -231,6 +236,7 @@ def run_oracle(
                                                     training=use_batch)
                     means[r], invstds[r], counts[r] = mean, invstd, n
                     abs_dy[r], abs_dy_xhat[r] = unit_abs_dy, unit_abs_dyx
+                    rank_abs_dy[r], rank_abs_dy_xhat[r] = sums[r].abs_dy, sums[r].abs_dy_xmu * invstd
                     if affine:
                         gw[r] = sums[r].dy_xmu * invstd
                         gb[r] = sums[r].dy
@@ -257,5 +263,7 @@ def run_oracle(
             count=counts,
             mean_abs_dy=abs_dy,
             mean_abs_dy_xhat=abs_dy_xhat,
+            rank_abs_dy=rank_abs_dy,
+            rank_abs_dy_xhat=rank_abs_dy_xhat,
         ))
     return truths
