@@ -47,6 +47,10 @@ def _load_builtins() -> None:
     import harness.impls.torch_native  # noqa: F401
     import harness.impls.apex  # noqa: F401,I001
     import harness.impls.timm_converter  # noqa: F401,I001
+    import harness.impls.timm_layer  # noqa: F401,I001
+    import harness.impls.mmengine_converter  # noqa: F401,I001
+    import harness.impls.lightning_converter  # noqa: F401,I001
+    import harness.impls.detectron2  # noqa: F401,I001
 
 
 def entry_points() -> dict:

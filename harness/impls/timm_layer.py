@@ -1,0 +1,65 @@
+"""timm's ``SyncBatchNormAct`` as a layer (``--impl timm-layer``, opt-in), with its activation and dropout disabled.
+
+Design: ``timm.layers.SyncBatchNormAct`` subclasses ``torch.nn.SyncBatchNorm``
+and keeps its constructor; its ``forward`` is torch's, then ``self.drop`` and
+``self.act`` when the module has them. timm makes it only in its
+``convert_sync_batchnorm`` from a ``BatchNormAct2d``, copying that layer's
+``drop`` and ``act`` (its source says not to create it directly). This adapter
+builds it as that conversion does from ``BatchNormAct2d(C, apply_act=False)``
+(timm's way of disabling the activation): ``drop`` and ``act`` are
+``nn.Identity()``, so the module has ``torch.nn.SyncBatchNorm``'s semantics and
+every case of the catalog applies; the code that runs is timm's ``forward``
+over torch's. Being torch's layer underneath, it runs like the ``torch``
+adapter: natively on CUDA, and on CPU in cpu-emulation, whose "module" path
+patches ``torch.nn.SyncBatchNorm.forward``, which timm's ``super().forward``
+reaches (the "function" path of old releases replaces the class, which
+cannot stand for timm's, so there it raises). Model conversion is the
+``timm`` adapter's; here it is ``unsupported``. timm imports torchvision,
+which must match the installed torch.
+"""
+
+from __future__ import annotations
+
+from harness.catalog.case import Case
+from harness.errors import ImplUnavailable
+from harness.impls.base import Capabilities, construct_like_syncbn
+from harness.impls.registry import register
+from harness.impls.torch_native import TorchImpl
+
+
+@register("timm-layer")
+class TimmLayerImpl(TorchImpl):
+    """``timm.layers.SyncBatchNormAct`` with ``act`` and ``drop`` set to ``nn.Identity()``."""
+
+    by_default = False
+    capabilities = Capabilities()  # torch's layer's, without model conversion (that is --impl timm)
+
+    def version(self) -> str:
+        import timm
+        import torch
+
+        return f"timm {timm.__version__} on torch {torch.__version__}"
+
+    def check_available(self) -> None:
+        try:
+            from timm.layers import SyncBatchNormAct  # noqa: F401
+        except Exception as exc:  # timm missing, or a torchvision that does not match torch
+            raise ImplUnavailable(f"timm's SyncBatchNormAct not importable ({type(exc).__name__}: {exc}); install "
+                                  "timm and a torchvision built for the installed torch") from exc
+
+    def check_available_on(self, device: str) -> None:
+        self.check_available()
+        super().check_available_on(device)
+
+    def build(self, case: Case, process_group, device: str):
+        import torch
+        from timm.layers import SyncBatchNormAct
+
+        if device == "cpu" and self.path == "function":
+            raise ImplUnavailable(f"{self.name}: this torch build's cpu-emulation replaces the SyncBatchNorm class "
+                                  "(the function path), which cannot stand for timm's subclass; run on cuda, or "
+                                  "a torch whose module path works (SYNCBN_HARNESS_TORCH_PATH=module)")
+        module = construct_like_syncbn(SyncBatchNormAct, case, process_group)
+        module.drop = torch.nn.Identity()  # what convert_sync_batchnorm copies from BatchNormAct2d(apply_act=False)
+        module.act = torch.nn.Identity()
+        return module
