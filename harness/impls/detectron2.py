@@ -26,11 +26,15 @@ detectron2's docstring says the mode does not compute exactly as
   the same (H, W); empty batches are allowed.
 
 Both: 4-D input only (a ``BatchNorm2d``), the whole world only (no subgroups),
-no model conversion (detectron2 has no converter to it).
+no model conversion (detectron2 has no converter to it). The ``model``
+scenario's networks (the ``ddp`` family, the ``training-loop`` and ``compile``
+chains) build their norms with :meth:`build`, not a converter, so they run:
+``Capabilities.convert`` counts every case with a model as a conversion.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional
 
 from harness.catalog.case import Case
@@ -100,6 +104,8 @@ class Detectron2Impl(Impl):
         locate()
 
     def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
+        if case.scenario == "model":  # a network whose norms come from build() (DDP, training loops): no conversion
+            case = dataclasses.replace(case, model=None)
         reason = super().unsupported_reason(case, device)
         if reason:
             return reason

@@ -108,6 +108,10 @@ def test_detectron2_declares_its_documented_limits():
     assert "same (H, W)" in by_n.unsupported_reason(sizes, "cpu")
     groups = _case(batch_sizes=(2, 2, 2, 2), spatial=((3, 3),) * 4, groups=((0, 1), (2, 3)))
     assert "process subgroups" in by_n.unsupported_reason(groups, "cpu")
+    ddp = catalog.select(["ddp/cnn-sgd/broadcast-buffers-True-default-plain/float32/ws2"])[0]
+    assert by_n.unsupported_reason(ddp, "cpu") is None  # its network's norms come from build(): no conversion
+    conversion = catalog.select(["conversion/config/float32/uneven-3-5/ws2"])[0]
+    assert "conversion of a whole model" in by_n.unsupported_reason(conversion, "cpu")
 
 
 def test_timm_layer_leaves_conversion_to_the_timm_adapter():
