@@ -5,6 +5,7 @@
 - one module per implementation: :mod:`~harness.impls.reference` (ours, with its
   SyncBatchNorm), :mod:`~harness.impls.torch_native` and
   :mod:`~harness.impls.torch_emulation` (torch's module on CPU),
+  :mod:`~harness.impls.cuda_contract` (what torch's CUDA kernels accept, enforced by the emulation),
   :mod:`~harness.impls.apex`, :mod:`~harness.impls.timm_converter` (opt-in), :mod:`~harness.impls.plugin`.
 """
 

@@ -18,7 +18,11 @@ sum_dy_xmu), the int32 count tensor, the weight cast), and gloo itself.
 What is ours: the arithmetic of the five ATen ops (kernels/cpu), written to
 the CUDA kernels' contract: statistics in float for half/bfloat16 input,
 outputs in the input dtype and memory format. So a defect in CUDA arithmetic
-is not visible here, and a difference in our arithmetic is ours.
+is not visible here, and a difference in our arithmetic is ours. Before any
+arithmetic, each emulated op refuses what CUDA's kernel refuses, raising CUDA's
+exception with CUDA's message (:mod:`harness.impls.cuda_contract`): our kernels
+read any dtype, so without that check torch would pass on CPU where it raises
+on a GPU.
 
 The module's device check: releases whose check consults
 ``torch._C._get_privateuse1_backend_name()`` run torch's own ``forward``
@@ -62,6 +66,7 @@ from typing import Optional
 
 import torch
 
+from harness.impls import cuda_contract
 from harness.kernels import extension
 from harness.errors import ImplUnavailable, KernelBuildError
 from harness.paths import TORCH_PATH, setting
@@ -90,27 +95,37 @@ def backward_takes_counts() -> bool:
     return "count" in arg_names("batch_norm_backward_elemt")
 
 
+# The argument names the CUDA contract was read for; an installed schema without them is an older contract
+# (batch_norm_backward_elemt with means instead of sums and no count; likewise a gather taking int[] counts),
+# which the emulation leaves unchecked.
+CONTRACT_ARGS = {"batch_norm_backward_elemt": ("sum_dy", "sum_dy_xmu", "count")}
+
+
+def conforms(op: str, names: list[str]) -> bool:
+    """Whether the emulated ``op`` enforces :mod:`~harness.impls.cuda_contract` (its schema is the one read)."""
+    return set(CONTRACT_ARGS.get(op, ())) <= set(names)
+
+
 def _kernel(op: str):
     names = arg_names(op)
     ours = getattr(torch.ops.syncbn_ref, op)
     sums = backward_takes_counts()
+    conform = conforms(op, names)
 
     def call(*args, **kwargs):
         a = dict(zip(names, args))
         a.update(kwargs)
+        listed = op == "batch_norm_gather_stats_with_counts" and not isinstance(a["counts"], torch.Tensor)
+        if listed:  # an int[] schema, whose CUDA kernel made the tensor itself: not the contract read
+            a["counts"] = torch.tensor(list(a["counts"]), dtype=a["mean"].dtype)
+        verdict = cuda_contract.verdict(op, a) if conform and not listed else None
+        if verdict is not None and verdict.refusal is not None:
+            raise verdict.refusal.exception()  # what CUDA raises for a combination its kernel refuses
         if op == "batch_norm_gather_stats_with_counts":
-            counts = a["counts"]
-            if not isinstance(counts, torch.Tensor):
-                counts = torch.tensor(list(counts), dtype=a["mean"].dtype)
             return ours(a["input"], a["mean"], a["invstd"], a["running_mean"], a["running_var"], a["momentum"],
-                        a["eps"], counts)
+                        a["eps"], a["counts"])
         if op == "batch_norm_backward_reduce":
-            out = ours(a["grad_out"], a["input"], a["mean"], a["invstd"], a.get("weight"), a["input_g"],
-                       a["weight_g"], a["bias_g"])
-            if sums or not a["input_g"]:
-                return out
-            n = max(a["input"].numel() // a["input"].shape[1], 1)
-            return (out[0] / n, out[1] / n, out[2], out[3])
+            return _backward_reduce(ours, a, sums, verdict is not None and verdict.path == "channels_last")
         if op == "batch_norm_backward_elemt":
             s = a.get("sum_dy", a.get("mean_dy"))
             sx = a.get("sum_dy_xmu", a.get("mean_dy_xmu"))
@@ -124,18 +139,60 @@ def _kernel(op: str):
     return call
 
 
+def _backward_reduce(ours, a: dict, sums: bool, every: bool) -> tuple:
+    """Our backward_reduce, with the outputs CUDA returns: ``every`` (its channels-last kernel) computes all four
+    whatever the flags, and without a weight returns empty weight gradients in the mean's dtype."""
+    w = a.get("weight")
+    with_w = every and w is not None
+    out = ours(a["grad_out"], a["input"], a["mean"], a["invstd"], w, a["input_g"] or every, a["weight_g"] or with_w,
+               a["bias_g"] or with_w)
+    if every and w is None:
+        out = (out[0], out[1], a["mean"].new_empty(0), a["mean"].new_empty(0))
+    if sums or out[0] is None:
+        return out
+    n = max(a["input"].numel() // a["input"].shape[1], 1)  # releases whose backward_elemt takes means
+    return (out[0] / n, out[1] / n, out[2], out[3])
+
+
 def hide_kernels_from_dynamo() -> None:
-    """Dynamo runs the Python CPU kernels as they are instead of compiling their frames.
+    """Dynamo runs the Python CPU kernels as they are instead of compiling their frames, or the frames they call.
 
     After a graph break the ops run eagerly, and dynamo's frame hook would compile the Python function the
-    dispatcher calls (graphs and recompiles a GPU, whose kernels are C++, never has). No effect on tracing:
-    there the ops meet FakeTensors, never these kernels.
+    dispatcher calls and the contract check it makes (graphs and recompiles a GPU, whose kernels are C++, never
+    has). No effect on tracing: there the ops meet FakeTensors, never these kernels.
     """
     from torch._dynamo import eval_frame
 
+    code = _kernel("batch_norm_stats").__code__  # every op's kernel shares this code object
+    try:  # torch >= 2.6: skip the kernel and everything it calls
+        from torch._dynamo.types import FrameAction, FrameExecStrategy
+
+        eval_frame.set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+        return
+    except (ImportError, AttributeError):
+        pass  # older: skip each of our code objects the kernel runs
     skip_code = getattr(eval_frame, "skip_code", None)  # torch >= 2.1
     if skip_code is not None:
-        skip_code(_kernel("batch_norm_stats").__code__)  # every op's kernel shares this code object
+        for c in (code, *_code_objects(cuda_contract)):
+            skip_code(c)
+
+
+def _code_objects(module):
+    """The code objects of ``module``'s own functions and methods, nested ones (comprehensions) included.
+
+    Its own: written in its file, or generated for its classes (dataclass methods), not shared wrappers."""
+    def nested(c):
+        yield c
+        for const in c.co_consts:
+            if inspect.iscode(const):
+                yield from nested(const)
+
+    for value in vars(module).values():
+        members = vars(value).values() if inspect.isclass(value) else (value,)
+        for f in members:
+            if (inspect.isfunction(f) and f.__module__ == module.__name__
+                    and f.__code__.co_filename in (module.__file__, "<string>")):
+                yield from nested(f.__code__)
 
 
 def unavailable_reason() -> Optional[str]:

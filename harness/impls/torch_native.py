@@ -2,9 +2,16 @@
 
 On CPU the mode is ``cpu-emulation`` (see :mod:`harness.impls.torch_emulation`
 for exactly which parts are torch's and which are ours).
+
+On both devices, a case whose dtypes torch's CUDA kernels refuse (float32 input
+with float64 parameters: the gather reads the running statistics' dtype) is
+``unsupported``, with the op, CUDA's error and whether ``nn.BatchNorm`` refuses
+it too, as :mod:`harness.impls.cuda_contract` derives it from the contract.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 from harness.catalog.case import Case
 from harness.impls.base import Capabilities, Impl, construct_like_syncbn
@@ -23,6 +30,15 @@ class TorchImpl(Impl):
         import torch
 
         return torch.__version__
+
+    def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
+        """The capabilities' reason, else why CUDA's kernels refuse torch's SyncBN on ``case`` (either device)."""
+        reason = super().unsupported_reason(case, device)
+        if reason:
+            return reason
+        from harness.impls import cuda_contract
+
+        return cuda_contract.syncbn_unsupported_reason(case)
 
     def check_available_on(self, device: str) -> None:
         if device == "cpu":
