@@ -16,16 +16,27 @@ from harness.commands import cli
               help="reference, torch, apex, a registered plugin, or MODULE:ATTR.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Where to write the file (default: repro_<case>_<impl>.py here).")
+@click.option("--long", "long_form", is_flag=True,
+              help="The generated form: the harness's own code for the case (any case, any failure, the "
+                   "harness's tolerances) instead of the short issue-ready file.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default=None,
-              help="Device of the file (default: cuda for torch, else cuda if available, else cpu).")
-@click.option("--no-run", is_flag=True, help="Do not run the case with the harness first (the header then "
-              "reports no observation).")
+              help="Device the harness runs the case on first (default: cuda if available, else cpu); with "
+                   "--long, the file's device (default: cuda for torch).")
+@click.option("--no-run", is_flag=True, help="--long only: do not run the case with the harness first.")
+@click.option("--no-verify", is_flag=True, help="Do not run the short file once after writing it.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=300.0, help="Seconds for the whole case.")
-def repro(case_id, impl_name, output, device, no_run, timeout):
-    """Write one standalone Python file that reproduces CASE for --impl (python FILE, or torchrun)."""
+def repro(case_id, impl_name, output, long_form, device, no_run, no_verify, timeout):
+    """Write one standalone Python file that reproduces CASE for --impl (run it with python FILE).
+
+    The default is the short form: the one symptom the harness observes, checked against torch.nn.BatchNorm
+    in float64 with only torch and the library installed; it exits 1 while the symptom shows and 0 once fixed.
+    """
     from harness.repro import write_repro
 
-    path, record = write_repro(case_id, impl_name, output=output, device=device, run_first=not no_run,
-                               timeout=timeout, command="syncbn-harness " + shlex.join(sys.argv[1:]))
-    seen = f"observed {record.status.value}" if record is not None else "not run"
-    click.echo(f"wrote {path} ({seen}); run it with: python {path}")
+    written = write_repro(case_id, impl_name, output=output, device=device, run_first=not no_run,
+                          timeout=timeout, command="syncbn-harness " + shlex.join(sys.argv[1:]),
+                          long=long_form, verify=not no_verify)
+    seen = f"observed {written.record.status.value}" if written.record is not None else "not run"
+    click.echo(f"wrote {written.path} ({written.form} form, {seen}); run it with: python {written.path}")
+    if written.form == "short":
+        click.echo(f"the file {written.verdict()}")

@@ -70,7 +70,7 @@ def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Pa
     from harness.engine.plan import store_key
     from harness.results.store import Store
     from harness.search.explore import Explorer
-    from harness.search.findings import write_repros, write_summary
+    from harness.search.findings import assess_finding, order_by_severity, write_repros, write_summary
 
     from harness.engine import forkserver
 
@@ -109,6 +109,7 @@ def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Pa
         session.close(kill=True)
     if live:
         click.echo("", err=True)
+    order_by_severity(result)
     write_repros(result, out, opts.device, command)
     md, js = write_summary(result, out, key)
     lines = [f"{result.cases_explored} cases explored in {result.explore_s:.0f}s ({result.rate:.2f} cases/s), "
@@ -116,8 +117,10 @@ def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Pa
              f"{len(result.findings) - len(result.new)} known"]
     for f in result.findings:
         tag = "known" if f.known else "NEW"
+        a = assess_finding(f)
         lines.append(f"  {tag:<5} {f.signature}\n        minimal: {f.minimal.id}"
-                     + (f"\n        repro:   {f.repro_file}" if f.repro_file else "")
+                     + (f"\n        severity: {a.summary()}" if a else "")
+                     + (f"\n        repro:   {f.repro_file}: {f.repro_verdict}" if f.repro_file else "")
                      + (f"\n        upstream: {f.link}" if f.link else ""))
     lines.append(f"summary: {md} and {js}; records in {store_dir}")
     if save and result.new:

@@ -1,4 +1,4 @@
-"""``repro``: one standalone Python file that reproduces one (case, implementation).
+"""The long form of a repro file (``repro --long``): the harness's own code for one (case, implementation).
 
 The file is made from the harness's own source text, so it can never drift
 from what the harness checks. :data:`PARTS` lists what it copies, in order:
@@ -226,28 +226,6 @@ def resolve_impl(name: str) -> dict:
     return {"kind": "plugin", "module": module, "attr": attr, "found_in": _plugin_location(module)}
 
 
-def find_case(case_id: str) -> Case:
-    """The one case ``case_id`` names (an ID, or a pattern matching exactly one ID)."""
-    from harness import catalog
-
-    matches = catalog.select([case_id], exhaustive=True)
-    exact = [c for c in matches if c.id == case_id]
-    if exact:
-        return exact[0]
-    if len(matches) != 1:
-        shown = ", ".join(c.id for c in matches[:5]) + (" ..." if len(matches) > 5 else "")
-        raise UsageError(f"case {case_id!r} matches {len(matches)} cases ({shown}): give one case ID")
-    return matches[0]
-
-
-def observe(case: Case, impl_name: str, device: str, timeout: float = 300.0):
-    """Run the case once with the harness and return its record (what the header reports)."""
-    from harness.engine.session import RunOptions, resolve_impls, run_selection
-
-    return next(iter(run_selection([case], resolve_impls([impl_name]), RunOptions(device=device, timeout=timeout,
-                                                                                  diagnose=False))))
-
-
 def header(case: Case, impl_name: str, device: str, impl: dict, record, command: str) -> str:
     """The comment block: what was observed, on which build, and the command that found it."""
     from harness import __version__
@@ -320,27 +298,3 @@ def repro_source(case: Case, impl_name: str, *, device: str, record=None, comman
         ""])
     compile(text, filename, "exec")
     return text
-
-
-def write_repro(case_id: str, impl_name: str, *, output: Optional[str] = None, device: Optional[str] = None,
-                run_first: bool = True, timeout: float = 300.0, command: str = "") -> tuple[Path, object]:
-    """Write the repro of ``case_id`` for ``impl_name``; return its path and the observed record (or None)."""
-    from harness.selection import default_device
-
-    case = find_case(case_id)
-    impl = resolve_impl(impl_name)
-    if impl["kind"] == "torch" and device == "cpu":
-        raise UsageError("--impl torch --device cpu cannot be standalone: torch.nn.SyncBatchNorm refuses CPU "
-                         "input and the harness's cpu-emulation registers its own C++ kernels; use --device cuda "
-                         "(the default for torch)")
-    file_device = device or ("cuda" if impl["kind"] == "torch" else default_device())
-    record = None
-    if run_first:
-        record = observe(case, impl_name, default_device() if impl["kind"] == "torch" else file_device, timeout)
-    safe = case.id.replace("/", "_")
-    path = Path(output or f"repro_{safe}_{impl_name.replace(':', '_').replace('.', '_')}.py").expanduser()
-    text = repro_source(case, impl_name, device=file_device, record=record, command=command, filename=path.name,
-                        timeout=timeout)
-    path.write_text(text)
-    path.chmod(0o755)
-    return path, record

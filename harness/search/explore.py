@@ -66,6 +66,7 @@ class Finding:
     occurrences: int = 1  # explored cases that failed this way
     link: Optional[str] = None
     repro_file: Optional[str] = None
+    repro_verdict: Optional[str] = None  # what the repro file did when run alone (or why it is the long form)
 
     def to_dict(self) -> dict:
         return {"signature": self.signature, "impl": self.impl, "known": self.known, "link": self.link,
@@ -75,7 +76,8 @@ class Finding:
                 "minimal_size": size_of(self.minimal), "original_case": self.original.id,
                 "original_size": size_of(self.original), "found_after_cases": self.found_after,
                 "found_at_s": round(self.found_at_s, 2), "shrink_runs": self.shrink_runs,
-                "occurrences": self.occurrences, "repro_file": self.repro_file}
+                "occurrences": self.occurrences, "repro_file": self.repro_file,
+                "repro_verdict": self.repro_verdict}
 
 
 @dataclass

@@ -9,37 +9,64 @@ by each search::
     repro-<n>.py    the standalone reproduction of finding n's minimal case (new findings only)
 
 The repro files are written from the minimal case's parameters (it need not
-be in the catalog); ``syncbn-harness repro <ID>`` writes the same file once
-the case is promoted (``search --save``).
+be in the catalog) in the short, issue-ready form, and run once: the finding
+says whether its file shows the symptom on its own. A minimal case the short
+form cannot state gets the long form, with the reason. ``syncbn-harness repro
+<ID>`` writes the same file once the case is promoted (``search --save``).
 """
 
 from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 from pathlib import Path
+from typing import Optional
 
+from harness.results.severity import KINDS, Assessment, assess, reach
 from harness.search.explore import SearchResult
 from harness.search.space import size_of
 
 
-def repro_device(impl: str, device: str) -> str:
-    """torch's repro targets CUDA (its CPU mode is the harness's emulation); others keep the search's device."""
-    return "cuda" if impl == "torch" else device
+def assess_finding(f) -> Optional[Assessment]:
+    """The minimal case's assessment, its reach widened by the case it was first seen in: a finding reaches
+    every configuration either shows it in, and needs only what both need."""
+    a = assess(f.record)
+    if a is None:
+        return None
+    tags, common, rare = reach(f.original.params())
+    return replace(a, reach=tuple(dict.fromkeys(a.reach + tags)), common=a.common or common,
+                   rare=tuple(r for r in a.rare if r in rare))
+
+
+def order_by_severity(result: SearchResult) -> None:
+    """New findings first, then known ones; each worst first (:mod:`harness.results.severity`), then as found."""
+    def key(f):
+        a = assess_finding(f)
+        return (f.known, a.rank if a else len(KINDS), not (a and a.common))
+
+    result.findings.sort(key=key)
 
 
 def write_repros(result: SearchResult, out: Path, device: str, command: str) -> None:
-    """One standalone file per new finding, named in the finding (``repro_file``)."""
-    from harness.repro import repro_source
+    """One standalone file per new finding, named in the finding (``repro_file``, ``repro_verdict``)."""
+    from harness.errors import UsageError
+    from harness.repro import write_short
+    from harness.repro.long import repro_source
 
     out.mkdir(parents=True, exist_ok=True)
     for n, f in enumerate(result.findings, 1):
         if f.known:
             continue
         path = out / f"repro-{n}.py"
-        path.write_text(repro_source(f.minimal, f.impl, device=repro_device(f.impl, device), record=f.record,
-                                     command=command, filename=path.name))
-        path.chmod(0o755)
+        try:
+            f.repro_verdict = write_short(f.minimal, f.impl, f.record, path, title=f.signature).verdict()
+        except UsageError as exc:  # the short form cannot state it: the generated form, with why
+            long_device = "cuda" if f.impl == "torch" else device
+            path.write_text(repro_source(f.minimal, f.impl, device=long_device, record=f.record, command=command,
+                                         filename=path.name))
+            path.chmod(0o755)
+            f.repro_verdict = f"long form ({exc})"
         f.repro_file = str(path)
 
 
@@ -56,11 +83,16 @@ def markdown(result: SearchResult, build: str) -> str:
              f"{result.elapsed_s:.0f} s; stopped by {result.stopped_by}.", "",
              "Statuses of explored runs: " + ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items())), ""]
     new, known = result.new, [f for f in result.findings if f.known]
-    lines.append(f"{len(new)} new finding(s), {len(known)} known issue(s).")
+    lines.append(f"{len(new)} new finding(s), {len(known)} known issue(s); each group worst first.")
     for n, f in enumerate(result.findings, 1):
         lines += ["", f"## {n}. {f.signature}" + (" (known)" if f.known else ""), ""]
         if f.link:
             lines.append(f"- upstream: {f.link}")
+        a = assess_finding(f)
+        if a:
+            lines += [f"- severity: {a.summary()}", f"- in training: {a.notice()}"]
+        if f.record.mode == "cpu-emulation":
+            lines.append("- seen in cpu-emulation, not yet confirmed on CUDA")
         lines += [f"- minimal case: `{f.minimal.id}` ({_size(size_of(f.minimal))})",
                   f"- message: {f.record.message.splitlines()[0][:300] if f.record.message else ''}",
                   f"- first seen after {f.found_after} cases ({f.found_at_s:.1f} s), in `{f.original.id}` "
@@ -68,7 +100,7 @@ def markdown(result: SearchResult, build: str) -> str:
         if not f.known:
             lines.append(f"- shrunk in {f.shrink_runs} runs")
             if f.repro_file:
-                lines.append(f"- repro file: `{f.repro_file}`")
+                lines.append(f"- repro file: `{f.repro_file}`: {f.repro_verdict}")
             lines.append(f"- after `search --save`: `syncbn-harness repro {shlex.quote(f.minimal.id)} --impl "
                          f"{shlex.quote(f.impl)}`")
         lines.append(f"- parameters: `{json.dumps(f.minimal.params())}`")

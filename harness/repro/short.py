@@ -1,0 +1,139 @@
+"""The issue-ready repro: a short standalone file that shows one symptom of one case.
+
+What a maintainer receives: one Python file of about a hundred lines that
+needs nothing but torch and the library under test. It spawns the ranks
+itself (gloo on CPU; torch's own layer runs on CUDA, over nccl when there is a
+GPU per rank and over gloo otherwise), makes the case's inputs from its seed
+in a few lines (the same draws as the harness's, so the same numbers), runs
+the layer step by step, and compares the one quantity the finding names with
+``torch.nn.BatchNorm{1,2,3}d`` run in float64 over the whole batch (the
+group's inputs concatenated), printing expected against actual. It exits 1
+when the symptom shows, 0 when it does not (fixed), 2 when something else went
+wrong (another exception, no GPU where one is required).
+
+The tolerance is stated in the file and printed with each comparison:
+normwise relative error (``max|actual - expected| / max|expected|``) within
+16 unit roundoffs of the quantity's dtype plus 16 of the accumulation type
+(float32, or float64 for float64 input) times log2 of the values reduced per
+channel times the input's conditioning ``max|x| / sqrt(var + eps)``. A
+correct float32 SyncBN of any reduction order is far inside it; a symptom
+that stays inside it (an error of a few units in the last place) is not shown
+by the short form, and :func:`verify` says so.
+
+torch's ``torch.nn.SyncBatchNorm`` refuses CPU tensors, and its five
+``batch_norm_*`` ops have CUDA kernels only. Without a GPU the file registers
+plain-torch stand-ins for them (:data:`harness.repro.short_text.CPU_STAND_INS`,
+statistics in float32 as CUDA keeps them) and says plainly that it does: a
+symptom shown that way lives in torch's Python code (or in the stand-ins), and
+the same file run on a GPU confirms it.
+
+:func:`unexpressible` lists what the short form cannot state (a case that
+converts a model, compiles, uses torch's non-gloo path, views its input in no
+memory format, runs two forwards before one backward; the reference
+implementation, which needs the harness); ``repro --long`` writes the
+generated form for those.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from harness.catalog.case import STEP_KINDS, Case
+from harness.repro import short_text as text
+from harness.repro.symptom import Symptom
+
+FILE_STEPS = ("train", "eval", "nograd", "eval-rank0")
+# What the library is and how the file imports its SyncBatchNorm class.
+_BUILTIN_IMPORTS = {"torch": ("torch", "SyncBatchNorm = torch.nn.SyncBatchNorm"),
+                    "apex": ("apex", "from apex.parallel import SyncBatchNorm")}
+_UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
+
+
+@dataclass(frozen=True)
+class Target:
+    """The library under test as the file imports it: ``import_line`` binds ``SyncBatchNorm``."""
+
+    name: str  # as the harness names it (``torch``, ``MODULE:ATTR``)
+    library: str  # the top-level package a maintainer installs
+    import_line: str
+    on_cuda: bool  # torch's layer: CUDA when there is one, else the CPU stand-ins
+
+    @classmethod
+    def of(cls, impl_name: str, plugin: Optional[tuple[str, str]] = None) -> "Target":
+        """The target for ``impl_name``; ``plugin`` is ``(module, attribute)`` for a plugin."""
+        if impl_name in _BUILTIN_IMPORTS:
+            library, line = _BUILTIN_IMPORTS[impl_name]
+            return cls(impl_name, library, line, impl_name == "torch")
+        module, attr = plugin
+        line = f"from {module} import {attr} as SyncBatchNorm" if attr != "SyncBatchNorm" \
+            else f"from {module} import SyncBatchNorm"
+        return cls(impl_name, module.split(".")[0], line, False)
+
+
+def unexpressible(case: Case, impl_kind: str) -> Optional[str]:
+    """Why the short form cannot reproduce ``case`` for an implementation of ``impl_kind``, or None."""
+    if impl_kind == "reference":
+        return "the reference SyncBN needs the harness and its C++ kernels"
+    if case.scenario != "layer" or case.model:
+        return f"the short form runs one layer; this case's scenario is {case.model or case.scenario!r}"
+    reasons = [(bool(case.compile), "torch.compile"), (case.backend is not None, f"the {case.backend} backend"),
+               (case.input_layout != "dense", f"a {case.input_layout} input view"),
+               (any(k not in FILE_STEPS for k in case.steps), "two forwards before one backward ('fwd' steps)"),
+               (impl_kind == "apex" and case.memory_format != "contiguous", "apex's channels-last layer")]
+    said = [why for bad, why in reasons if bad]
+    if said:
+        return "the short form does not cover " + ", ".join(said)
+    for s, kind in enumerate(case.steps):
+        if STEP_KINDS[kind] == "train" or not case.track_running_stats:
+            for g in case.groups or (tuple(range(case.world_size)),):
+                count = sum(case.sizes_at(s)[r] * math.prod(case.spatial[r]) for r in g)
+                if count < 2 and STEP_KINDS[kind] == "train":
+                    return (f"step {s} normalizes {count} value(s) per channel over group {list(g)}: "
+                            "torch.nn.BatchNorm refuses that in training, so it cannot be the expectation")
+    return None
+
+
+def tolerance_terms(case: Case, quantity: str) -> tuple[float, float]:
+    """(unit roundoff of the quantity's dtype, of the accumulation type) for the file's tolerance."""
+    stored = case.dtype if quantity in ("output", "grad_input") else case.param_dtype
+    acc = "float64" if case.dtype == "float64" else "float32"
+    return _UNIT_ROUNDOFF[stored], _UNIT_ROUNDOFF[acc]
+
+
+def source(case: Case, target: Target, symptom: Symptom, *, seen: str, title: str = "") -> str:
+    """The text of the short file for ``case`` run with ``target``, checking ``symptom``.
+
+    ``seen``: one line naming the builds the symptom was observed on (and whether on CUDA or only in
+    cpu-emulation); ``title``: the first docstring line (default: the symptom in words).
+    """
+    u_q, u_acc = tolerance_terms(case, symptom.quantity or "output")
+    fmt = {"contiguous": None, "channels_last": "torch.channels_last",
+           "channels_last_3d": "torch.channels_last_3d"}
+    values = dict(
+        title=title or f"{target.name.replace(':', '.')}: {symptom.describe()}",
+        story=text.story(case, target, symptom), seen=seen, library=target.library,
+        import_line=target.import_line, c=case.channels, spatial=[tuple(s) for s in case.spatial],
+        step_sizes=[list(case.sizes_at(s)) for s in range(len(case.steps))], steps=list(case.steps),
+        dtype=f"torch.{case.dtype}", param_dtype=f"torch.{case.param_dtype}",
+        layer=dict(eps=case.eps, momentum=case.momentum, affine=case.affine,
+                   track_running_stats=case.track_running_stats),
+        seed=case.seed, ndim=case.ndim, u_q=u_q, u_acc=u_acc, world=case.world_size,
+        groups=[list(g) for g in case.groups] if case.groups else None,
+        fmt=fmt[case.memory_format], gfmt=fmt[case.grad_memory_format or case.memory_format],
+        input_mean=case.input_mean, input_scale=case.input_scale, constant=list(case.constant_channels),
+        symptom=symptom)
+    body = text.render(values, cuda=target.on_cuda)
+    compile(body, "repro.py", "exec")
+    return body
+
+
+def verify(path: Path, *, timeout: float = 600.0, env: Optional[dict] = None) -> subprocess.CompletedProcess:
+    """Run the written file with this Python, as a maintainer would (``python FILE``), bounded by ``timeout``."""
+    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=timeout,
+                          cwd=path.parent, env={**os.environ, **(env or {})})

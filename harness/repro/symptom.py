@@ -1,0 +1,115 @@
+"""What a short repro file checks: the one symptom of a failing record, as plain data.
+
+A record may fail in several ways at once (a wrong output and a wrong
+``num_batches_tracked``); an issue-ready repro shows exactly one of them, so
+that fixing it makes the file pass. The symptom is the record's first failure
+in the order :mod:`harness.search.signature` uses (the earliest step, the
+scenario's order within it), which is also what a finding is named by:
+
+- ``mismatch`` of a tensor: which one (``output``, ``grad_input``,
+  ``grad_weight``, ``grad_bias``, ``running_mean``, ``running_var``,
+  ``num_batches_tracked``), and what is wrong with it: its values (``value``),
+  NaN/Inf where the truth is finite (``non-finite``), its ``dtype``, memory
+  format (``layout``) or ``shape``, or that the ranks of a group disagree
+  bitwise (``across-ranks``);
+- ``error``: the exception type and message of the first rank that raised;
+- ``crash``: the first dead rank's signal (or exit code);
+- ``hang``: the ranks did not finish.
+
+A failure the short form cannot state (the collectives a rank issued, an
+input modified in place, a converted model's structure) has no symptom here:
+:func:`symptom_of` says why, and ``repro --long`` writes the generated form.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from harness.results.records import RankStatus, Record, Status
+
+QUANTITIES = ("output", "grad_input", "grad_weight", "grad_bias", "running_mean", "running_var",
+              "num_batches_tracked")
+ASPECTS = ("value", "non-finite", "dtype", "layout", "shape", "across-ranks")
+# The record's words for a structural problem -> the aspect (the first match wins).
+_PROBLEMS = (("dtype", "dtype"), ("non-finite", "non-finite"), ("not in torch.", "layout"), ("shape", "shape"))
+_STEP = re.compile(r"^(?:rank(\d+)\.)?step(\d+)\.(\w+)\.(\w+)(\.across_ranks)?$")
+_SUM = re.compile(r"^step(\d+)\.(grad_weight|grad_bias)_sum$")
+
+
+class NoSymptom(ValueError):
+    """The record's failure is not one a short repro can state (the reason is the message)."""
+
+
+@dataclass(frozen=True)
+class Symptom:
+    """One failure a short file checks for: ``status`` and its particulars."""
+
+    status: str  # mismatch | error | crash | hang
+    quantity: Optional[str] = None  # mismatch: one of QUANTITIES
+    aspect: Optional[str] = None  # mismatch: one of ASPECTS
+    step: Optional[int] = None  # mismatch: the first step it shows in
+    exception_type: Optional[str] = None  # error
+    signal: Optional[str] = None  # crash: "SIGABRT", or "exit 3"
+    message: str = ""  # the record's message, for the file's docstring
+
+    def describe(self) -> str:
+        """A few words: ``running_var differs``, ``raises TypeError``, ``a rank dies (SIGABRT)``."""
+        if self.status == "error":
+            return f"raises {self.exception_type}"
+        if self.status == "crash":
+            return f"a rank dies ({self.signal})"
+        if self.status == "hang":
+            return "the ranks hang"
+        words = {"value": "differs from BatchNorm's", "non-finite": "is NaN/Inf where BatchNorm's is finite",
+                 "dtype": "has the wrong dtype", "layout": "loses the input's memory format",
+                 "shape": "has the wrong shape", "across-ranks": "differs between the ranks of a group"}
+        return f"{self.quantity} {words[self.aspect]}"
+
+
+def aspect_of(problem: Optional[str]) -> str:
+    """A metric's structural problem -> the aspect it breaks (``value`` when there is none)."""
+    if not problem:
+        return "value"
+    return next((aspect for needle, aspect in _PROBLEMS if needle in problem), "value")
+
+
+def symptom_of(record: Record) -> Symptom:
+    """The first failure of a failing ``record`` (see the module docstring); raises :class:`NoSymptom`."""
+    first = record.message.splitlines()[0] if record.message else ""
+    if record.status == Status.ERROR:
+        rank = next((r for r in record.ranks if r.status == RankStatus.ERROR), None)
+        return Symptom("error", exception_type=(rank.exception_type if rank else None) or "Exception",
+                       message=(rank.message if rank and rank.message else first))
+    if record.status == Status.CRASH:
+        rank = next((r for r in record.ranks if r.status == RankStatus.CRASH), None)
+        sig = (rank.signal or f"exit {rank.exit_code}") if rank else "crash"
+        return Symptom("crash", signal=sig, message=first)
+    if record.status == Status.HANG:
+        return Symptom("hang", message=first)
+    if record.status != Status.MISMATCH:
+        raise NoSymptom(f"a {record.status.value} record shows no failure to reproduce")
+    failing = [name for name, m in record.metrics.items() if not m.ok]
+    for name in sorted(failing, key=lambda n: (_step(n), failing.index(n))):
+        sym = _tensor_symptom(name, record.metrics[name].problem, first)
+        if sym is not None:
+            return sym
+    raise NoSymptom(f"the short form checks tensors against BatchNorm; this record's failures are "
+                    f"{', '.join(sorted(failing)) or first!s} (use --long for the generated form)")
+
+
+def _step(name: str) -> int:
+    m = re.search(r"step(\d+)\.", name)
+    return int(m.group(1)) if m else 10**6
+
+
+def _tensor_symptom(name: str, problem: Optional[str], message: str) -> Optional[Symptom]:
+    m = _SUM.match(name)
+    if m:
+        return Symptom("mismatch", m.group(2), aspect_of(problem), int(m.group(1)), message=message)
+    m = _STEP.match(name)
+    if not m or m.group(4) not in QUANTITIES:
+        return None
+    aspect = "across-ranks" if m.group(5) else aspect_of(problem)
+    return Symptom("mismatch", m.group(4), aspect, int(m.group(2)), message=message)

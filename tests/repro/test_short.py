@@ -1,0 +1,171 @@
+"""The short repro: written by the real CLI for planted defects and a real torch defect, run where the harness is not.
+
+Each file is written by ``syncbn-harness repro`` (which runs the case with the
+harness first, to learn the symptom) and then run with ``python FILE`` in a
+virtual environment that has torch and nothing else (its site-packages reach
+torch's folder as a plain path, so no other install of that folder is
+activated: ``import harness`` fails there, which the fixture checks). A file
+must exit 1 for its defect and, with the import line changed to an
+independent correct SyncBN (the control), exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
+
+# (planted defect in tests/support, a case that catches it, what the file must check)
+PLANTED = [
+    ("defects:BiasedRunningVar", "module-config/momentum-0.5/ws2", "running_var: expected"),
+    ("defects:BatchesNotCounted", "module-config/momentum-0.5/ws2", "num_batches_tracked: expected"),
+    ("defects:OutputInParamDtype", "mixed-precision/uneven/float16-float32/ws2", "output: dtype torch.float32"),
+    ("defects:EmptyRankPoisons", "allgather-shape/empty-0-5/float32-float32/channels_last_3d/ws2",
+     "values NaN/Inf"),
+    ("defects:OutputLosesChannelsLast", "channels-last/uneven/channels_last/ws2", "contiguous in torch.channels_last"),
+    ("defects:IgnoresProcessGroup", "process-group/pairs-01-23/ws4", "output: expected"),
+    ("defects:WorldSizeBackward", "allgather-shape/uneven-2-6/float16-float32/contiguous/ws2",
+     "grad_input: expected"),
+    ("tmp_bn:DoubleWeightGrad", "allgather-shape/uneven-2-6/float16-float32/contiguous/ws2", "grad_weight: expected"),
+    ("tmp_bn:SyncBatchNorm", "module-config/momentum-none-3-steps/ws2", "TypeError: momentum=None"),
+]
+CONTROL = "from textbook import TextbookSyncBN as SyncBatchNorm"
+
+TMP_BN = '''
+from textbook import TextbookSyncBN
+
+
+class SyncBatchNorm(TextbookSyncBN):
+    def forward(self, x):
+        if self.momentum is None:
+            raise TypeError("momentum=None is not supported")
+        return super().forward(x)
+
+
+class DoubleWeightGrad(TextbookSyncBN):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.weight.register_hook(lambda g: 2 * g)
+'''
+
+
+@pytest.fixture(scope="session")
+def bare_python(tmp_path_factory) -> str:
+    """A venv's python that imports torch (the one installed here) and not the harness."""
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = str(venv / "bin" / "python")
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    import torch
+
+    Path(site, "torch_only.pth").write_text(str(Path(torch.__file__).parent.parent) + "\n")
+    probe = subprocess.run([python, "-c", "import torch\ntry:\n import harness\nexcept ImportError:\n print('bare')"],
+                           capture_output=True, text=True, cwd=venv, timeout=120)
+    assert probe.stdout.strip() == "bare", probe.stdout + probe.stderr
+    assert sysconfig.get_paths()["purelib"] != site
+    return python
+
+
+@pytest.fixture
+def plugins(tmp_path) -> str:
+    (tmp_path / "tmp_bn.py").write_text(TMP_BN)
+    return f"{tmp_path}{os.pathsep}{SUPPORT}"
+
+
+def write(case: str, impl: str, out: Path, pythonpath: str, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": pythonpath}
+    return subprocess.run([sys.executable, "-m", "harness", "repro", case, "--impl", impl, "-o", str(out),
+                           *(extra or ("--no-verify",))], capture_output=True, text=True, timeout=600, env=env)
+
+
+def run_bare(python: str, path: Path, pythonpath: str = "") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    return subprocess.run([python, str(path)], capture_output=True, text=True, timeout=600, env=env,
+                          cwd=path.parent)
+
+
+def assert_short_and_standalone(text: str) -> None:
+    assert len(text.splitlines()) <= 175
+    assert not re.search(r"^\s*(import|from)\s+harness\b", text, re.M)
+    assert not re.search(r"(^|[^A-Za-z0-9_.])/(tmp|root|home|work)/", text), "a machine path in the file"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl, case, shows", PLANTED, ids=[p[0].split(":")[-1] for p in PLANTED])
+def test_short_repro_shows_the_defect_and_passes_once_fixed(impl, case, shows, plugins, bare_python, tmp_path):
+    path = tmp_path / "repro.py"
+    proc = write(case, impl, path, plugins)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "short form" in proc.stdout
+    text = path.read_text()
+    assert_short_and_standalone(text)
+
+    bad = run_bare(bare_python, path, plugins)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert shows in bad.stdout + bad.stderr
+    assert "SYMPTOM SHOWS" in bad.stdout
+
+    module, attr = impl.split(":")
+    line = f"from {module} import {attr} as SyncBatchNorm" if attr != "SyncBatchNorm" else \
+        f"from {module} import SyncBatchNorm"
+    assert line in text
+    path.write_text(text.replace(line, CONTROL))
+    good = run_bare(bare_python, path, plugins)
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "no symptom" in good.stdout
+
+
+@pytest.mark.slow
+def test_torch_empty_rank_half_crash_shows_standalone_on_cpu_stand_ins(bare_python, tmp_path):
+    """torch's own defect (an empty rank all_gathers a half row where the others send float32), through the
+    file's CPU stand-ins for torch's CUDA ops; the same layer with both ranks non-empty is the control."""
+    path = tmp_path / "torch_empty.py"
+    proc = write("mixed-precision/empty-rank/float16-float32/ws2", "torch", path, "")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = path.read_text()
+    assert_short_and_standalone(text)
+    assert "cpu-emulation, not yet confirmed on CUDA" in text
+    assert "SyncBatchNorm = torch.nn.SyncBatchNorm" in text and "def stand_in_cuda_ops" in text
+
+    bad = run_bare(bare_python, path)
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "SYMPTOM SHOWS (crash)" in bad.stdout and "SIGABRT" in bad.stdout
+
+    control = re.sub(r"STEP_SIZES = \[\[0, (\d+)\]\]", r"STEP_SIZES = [[3, \1]]", text)
+    assert control != text
+    path.write_text(control)
+    good = run_bare(bare_python, path)
+    assert good.returncode == 0, good.stdout + good.stderr
+
+
+@pytest.mark.slow
+def test_a_share_only_difference_is_said_not_to_show(plugins, tmp_path):
+    """Gradient shares averaged inside the layer: each rank's share is wrong but their sum (all DDP uses) is
+    right, so the file, which checks the sum, does not show it, and the command says so after running it."""
+    path = tmp_path / "avg.py"
+    proc = write("allgather-shape/uneven-2-6/float16-float32/contiguous/ws2", "defects:GradWeightAveraged", path,
+                 plugins, "--device", "cpu")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "observed mismatch" in proc.stdout
+    assert "does NOT show it standalone (exit 0)" in proc.stdout
+
+
+def test_the_short_form_refuses_what_it_cannot_state(tmp_path):
+    """A case it cannot express gets a usage error naming --long, before anything runs."""
+    env = {**os.environ, "PYTHONPATH": SUPPORT}
+    proc = subprocess.run([sys.executable, "-m", "harness", "repro", "conversion/bn-act/float32/uneven-3-5/ws2",
+                           "--impl", "torch", "-o", str(tmp_path / "x.py")], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "--long" in proc.stderr and "scenario" in proc.stderr
+    assert not (tmp_path / "x.py").exists()
