@@ -14,11 +14,16 @@ adapter: natively on CUDA, and on CPU in cpu-emulation, whose "module" path
 patches ``torch.nn.SyncBatchNorm.forward``, which timm's ``super().forward``
 reaches (the "function" path of old releases replaces the class, which
 cannot stand for timm's, so there it raises). Model conversion is the
-``timm`` adapter's; here it is ``unsupported``. timm imports torchvision,
+``timm`` adapter's; here it is ``unsupported``, but the ``model`` scenario's
+networks (``ddp``, training-loop and compile chains) run: their norms come
+from :meth:`build` (``Capabilities.convert`` counts any case with a model). timm imports torchvision,
 which must match the installed torch.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Optional
 
 from harness.catalog.case import Case
 from harness.errors import ImplUnavailable
@@ -50,6 +55,11 @@ class TimmLayerImpl(TorchImpl):
     def check_available_on(self, device: str) -> None:
         self.check_available()
         super().check_available_on(device)
+
+    def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
+        if case.scenario == "model":  # a network whose norms come from build() (DDP, training loops): no conversion
+            case = dataclasses.replace(case, model=None)
+        return super().unsupported_reason(case, device)
 
     def build(self, case: Case, process_group, device: str):
         import torch

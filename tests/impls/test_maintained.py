@@ -117,6 +117,8 @@ def test_detectron2_declares_its_documented_limits():
 def test_timm_layer_leaves_conversion_to_the_timm_adapter():
     nested = catalog.select(["conversion/config/float32/uneven-3-5/ws2"])[0]
     assert "conversion of a whole model" in resolve("timm-layer").unsupported_reason(nested, "cpu")
+    ddp = catalog.select(["ddp/cnn-sgd/broadcast-buffers-True-default-plain/float32/ws2"])[0]
+    assert resolve("timm-layer").unsupported_reason(ddp, "cpu") is None
 
 
 @pytest.mark.slow
