@@ -12,7 +12,11 @@ Catches:
   half's 65504;
 - an output returned in the parameter dtype instead of the input dtype;
 - an empty rank whose zero row is sent in the input dtype while the others
-  send float32 statistics (all_gather of mismatched sizes).
+  send float32 statistics (all_gather of mismatched sizes);
+- half input with float32 parameters and no running statistics, where no
+  running_mean's dtype decides the counts' dtype (torch's CUDA gather then
+  dispatches on the half input and refuses float32 counts; nn.BatchNorm
+  accepts the same layer).
 """
 
 from harness.catalog.case import Case
@@ -41,6 +45,8 @@ def cases() -> list[Case]:
         _case("empty-rank", "bfloat16", "bfloat16", batch_sizes=(3, 0)),
         _case("offset", "float16", "float32", input_mean=20.0),
         _case("steps-train-eval", "bfloat16", "float32", steps=("train", "train", "eval")),
+        _case("no-running-stats", "float16", "float32", track_running_stats=False),
+        _case("no-running-stats", "bfloat16", "float32", track_running_stats=False),
     ]
     # torch's non-gloo code path (nccl-contract on CPU): the same cases; the uneven and empty-rank half ones by
     # default, where the flat all_gather's operands differ most between ranks.

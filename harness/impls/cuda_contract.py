@@ -402,17 +402,19 @@ def batchnorm_refusal_on_cuda(dtype: str, param_dtype: str, affine: bool, track_
 
 
 def syncbn_unsupported_reason(case) -> Optional[str]:
-    """The ``unsupported`` reason for ``case`` where CUDA's kernels refuse torch's SyncBN on it (None: they don't).
+    """The ``unsupported`` reason for ``case`` where CUDA's kernels refuse torch's SyncBN on it and ``nn.BatchNorm``
+    on CUDA refuses it too (a documented limitation); None otherwise.
 
-    Names the op, the dtypes and CUDA's error, and says whether ``nn.BatchNorm`` on CUDA refuses it too.
+    A refusal ``nn.BatchNorm`` does not make is SyncBatchNorm being stricter than the layer it replaces: the case
+    runs, the emulated kernel raises CUDA's error, and the record is an ``error`` (a finding).
     """
     refusal = syncbn_refusal(case)
     if refusal is None:
         return None
     bn = batchnorm_refusal_on_cuda(case.dtype, case.param_dtype, case.affine, case.track_running_stats, case.ndim)
-    verdict_bn = (f"nn.BatchNorm on CUDA refuses it too ({bn}): a documented limitation, not a SyncBatchNorm defect"
-                  if bn else "nn.BatchNorm on CUDA accepts it (no dtype check on its path in the sources read): "
-                  "SyncBatchNorm is stricter than the layer it replaces")
+    if bn is None:
+        return None
     return (f"torch's CUDA kernels refuse {case.dtype} input with {case.param_dtype} parameters and buffers "
             f"(affine={case.affine}, track_running_stats={case.track_running_stats}) in a synchronized training "
-            f"step: {refusal}; {verdict_bn} (see docs/catalog-and-judgement.md, torch on CPU)")
+            f"step: {refusal}; nn.BatchNorm on CUDA refuses it too ({bn}): a documented limitation, not a "
+            "SyncBatchNorm defect (see docs/catalog-and-judgement.md, torch on CPU)")

@@ -3,10 +3,11 @@
 On CPU the mode is ``cpu-emulation`` (see :mod:`harness.impls.torch_emulation`
 for exactly which parts are torch's and which are ours).
 
-On both devices, a case whose dtypes torch's CUDA kernels refuse (float32 input
-with float64 parameters: the gather reads the running statistics' dtype) is
-``unsupported``, with the op, CUDA's error and whether ``nn.BatchNorm`` refuses
-it too, as :mod:`harness.impls.cuda_contract` derives it from the contract.
+On both devices, a case whose dtypes torch's CUDA kernels refuse, as
+``nn.BatchNorm`` on CUDA does too (float32 input with float64 parameters: the
+gather reads the running statistics' dtype), is ``unsupported``, with the op and
+CUDA's error, as :mod:`harness.impls.cuda_contract` derives it from the
+contract. A refusal ``nn.BatchNorm`` does not make runs, and fails as on CUDA.
 """
 
 from __future__ import annotations

@@ -215,16 +215,22 @@ CPU_STAND_INS = r'''
 
 def stand_in_cuda_ops():
     """No GPU: plain-torch CPU stand-ins for the five CUDA-only ops torch's SyncBatchNorm calls (statistics
-    in float32, float64 for float64 input, as CUDA keeps them), and its device check told "cpu" is an
-    accelerator. What runs is torch's own Python code (nn.SyncBatchNorm, torch/nn/modules/_functions.py)."""
-    acc = lambda t: torch.float64 if t.dtype == torch.float64 else torch.float32  # noqa: E731
+    in float32, float64 for float64 input, and the gather's dtype checks, as CUDA has them), and its device
+    check told "cpu" is an accelerator. What runs is torch's own Python code (nn.SyncBatchNorm,
+    torch/nn/modules/_functions.py) over these."""
+    acc = lambda t: torch.float64 if t == torch.float64 else torch.float32  # noqa: E731
     d, c = lambda t: [0, *range(2, t.dim())], lambda v, t: v.view(1, -1, *[1] * (t.dim() - 2))  # noqa: E731
+    c10 = {torch.float64: "Double", torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16"}
 
     def stats(x, eps):
-        var, mean = torch.var_mean(x.to(acc(x)), d(x), correction=0)
+        var, mean = torch.var_mean(x.to(acc(x.dtype)), d(x), correction=0)
         return mean, (var + eps).rsqrt()
 
     def gather_stats_with_counts(x, mean, invstd, rm, rv, momentum, eps, counts):
+        t = x.dtype if rm is None else rm.dtype  # CUDA dispatches on it and reads the counts as it
+        for name, v, want in (("mean", mean, acc(t)), ("invstd", invstd, acc(t)), ("counts", counts, t)):
+            if v.dtype != want:
+                raise RuntimeError(f"Expected {name} to have type {c10[want]} but got {c10[v.dtype]}")
         n = counts.to(mean.dtype).view(-1, 1)
         m = (n * mean).sum(0) / n.sum()
         var = (n * (invstd**-2 - eps + (mean - m) ** 2)).sum(0) / n.sum()

@@ -266,14 +266,16 @@ def test_the_reason_is_derived_from_the_contract(monkeypatch):
     assert TorchImpl().unsupported_reason(case, "cpu") is None
 
 
-def test_syncbn_stricter_than_batchnorm_is_said_so():
-    """Half input without running statistics: the gather refuses float counts, nn.BatchNorm (cuDNN) does not."""
+def test_syncbn_stricter_than_batchnorm_runs_and_fails():
+    """Half input without running statistics: the gather refuses float counts, nn.BatchNorm (cuDNN) does not. That is
+    not a limitation to declare but a finding: the case stays supported, and the contract's refusal is CUDA's."""
     from dataclasses import replace
 
     case = replace(_case("mixed-precision/uneven/float16-float32/ws2"), track_running_stats=False)
-    reason = TorchImpl().unsupported_reason(case, "cuda")
-    assert reason and "Expected counts to have type Half but got Float" in reason, reason
-    assert "nn.BatchNorm on CUDA accepts it" in reason and "stricter" in reason, reason
+    assert TorchImpl().unsupported_reason(case, "cuda") is None
+    refusal = cuda_contract.syncbn_refusal(case)
+    assert refusal is not None and "Expected counts to have type Half but got Float" in str(refusal), refusal
+    assert cuda_contract.batchnorm_refusal_on_cuda("float16", "float32", True, False, 4) is None
 
 
 def test_only_synchronized_training_calls_the_ops():
