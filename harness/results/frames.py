@@ -12,6 +12,7 @@ from typing import Sequence
 
 from harness.results import compile_stats, fingerprint
 from harness.results.records import FAILURES, WORST_FIRST, RankStatus, Record
+from harness.results.severity import KINDS, assess
 from harness.results.store import record_key
 
 FAILING = tuple(s.value for s in WORST_FIRST if s in FAILURES)  # the failing statuses, worst first
@@ -37,6 +38,7 @@ def records_frame(records: Sequence[Record]):
 
     rows = []
     for r in records:
+        a = assess(r)
         row = {"build": record_key(r), "torch_version": r.torch_version, "torch_git_version": r.torch_git_version,
                "device": r.device, "backend": r.backend, "impl": r.impl, "impl_version": r.impl_version,
                "mode": r.mode, "case": r.case, "family": r.family, "status": r.status.value,
@@ -47,7 +49,8 @@ def records_frame(records: Sequence[Record]):
                "desync": (r.desync or {}).get("message", ""),
                "diagnosis": (r.diagnosis or {}).get("summary") or "",
                "world_size": r.world_size, "duration_s": r.duration_s, "started_at": r.started_at, "host": r.host,
-               **compile_stats.columns(r)}
+               "severity": a.summary() if a else "", "severity_rank": a.rank if a else len(KINDS),
+               "in_training": a.notice() if a else "", **compile_stats.columns(r)}
         for k, v in sorted(r.params.items()):
             row[f"param.{k}"] = json.dumps(v) if isinstance(v, (list, dict)) else v
         rows.append(row)

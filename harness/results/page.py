@@ -8,6 +8,12 @@ records a page shows are read back from the store's files: the first
 :data:`PLOT_SAMPLE` records whose tensors are plotted (those out of tolerance
 first, then a fixed pseudo-random order). So the page's size and the memory
 used do not grow with the store; the totals say what was left out.
+
+Failing records are shown unexpected first, then worst first
+(:mod:`harness.results.severity`). One seen only in cpu-emulation (torch's
+Python over the harness's CPU kernels) is labelled "not yet confirmed on
+CUDA" until the store holds a native record of the same case and
+implementation that fails too.
 """
 
 from __future__ import annotations
@@ -77,6 +83,14 @@ def gather(store_dir) -> Page:
         ((failing_total, failing_known),) = index.query(
             f"SELECT count(*), coalesce(sum(known), 0) FROM latest WHERE {failing_where}", FAILING)
         failing = _frame(index, failing_where, FAILING, "known, impl, build, case_id", MAX_FAILING)
+        confirmed = set(index.query(f"SELECT DISTINCT impl, case_id FROM latest WHERE mode = 'native' AND "
+                                    f"{failing_where}", FAILING))
+        if not failing.empty:
+            failing["confirmation"] = [
+                ("cpu-emulation, not yet confirmed on CUDA" if (impl, case) not in confirmed
+                 else "cpu-emulation, confirmed on CUDA") if mode == "cpu-emulation" else ""
+                for impl, case, mode in zip(failing["impl"], failing["case"], failing["mode"])]
+            failing = failing.sort_values(["known_issue", "severity_rank"], kind="stable")
         ((compiled_total,),) = index.query("SELECT count(*) FROM latest WHERE compiled = 1")
         compiled = _frame(index, "compiled = 1", (), "impl, build, case_id", MAX_COMPILED)
         plots = {}

@@ -153,14 +153,18 @@ def markdown_summary(page: Page, max_failures: int = 30) -> str:
     if failing.empty:
         lines.append("None.")
     else:
-        lines += ["| impl | build | case | status | ranks | message |", "|---|---|---|---|---|---|"]
+        lines += ["Unexpected failures first, then worst first; severity is the kind of failure and the "
+                  "configurations it reaches.", "",
+                  "| impl | build | case | status | severity | ranks | message |", "|---|---|---|---|---|---|---|"]
         for _, row in failing.head(max_failures).iterrows():
             known = ""
             if row["known_issue"]:
                 known = f" ([known]({row['known_link']}))" if row["known_link"] else " (known)"
             status = f"{row['status']}{known}" if row["known_issue"] else f"**{row['status']}**"
+            said = f" ({row['confirmation']})" if row.get("confirmation") else ""
             lines.append(f"| {row['impl']} | `{row['build']}` | `{row['case']}` | {status} | "
-                         f"{_md(row['ranks'])} | {_md(_first_line(row['message'], 160))} |")
+                         f"{_md(row['severity'])}{_md(said)} | {_md(row['ranks'])} | "
+                         f"{_md(_first_line(row['message'], 160))} |")
         more = _more(min(len(failing), max_failures), page.failing_total, "failing records", page.store_dir)
         if more:
             lines.append(f"\n{more}.")
@@ -288,8 +292,10 @@ def _failing_table(page: Page) -> str:
     more = _more(len(failing), page.failing_total, "failing records", page.store_dir)
     if more:
         out.append(f"<p class='more'>The first {len(failing)}, unexpected failures first. {_e(more)}.</p>")
+    out.append("<p>Unexpected failures first, then worst first (severity: the kind of failure, and the "
+               "configurations it reaches).</p>")
     out.append("<table class='failing'><thead><tr><th>impl</th><th>build</th><th>case</th><th>status</th>"
-               "<th>ranks</th><th>worst err/tol</th><th>message</th></tr></thead><tbody>")
+               "<th>severity</th><th>ranks</th><th>worst err/tol</th><th>message</th></tr></thead><tbody>")
     for _, row in failing.iterrows():
         ratio = row["worst_ratio"]
         ratio_s = "" if ratio is None or (isinstance(ratio, float) and math.isnan(ratio)) else f"{ratio:.3g}"
@@ -302,6 +308,8 @@ def _failing_table(page: Page) -> str:
                    f"<td><code>{_e(row['build'])}</code></td><td><code>{_e(row['case'])}</code></td>"
                    f"<td class='cell status-{'known' if row['known_issue'] else _e(row['status'])}'>"
                    f"{_e(row['status'])}{known}</td>"
+                   f"<td>{_e(row['severity'])}<br><small>{_e(row['in_training'])}</small>"
+                   f"{'<br><em>' + _e(row['confirmation']) + '</em>' if row.get('confirmation') else ''}</td>"
                    f"<td>{_e(row['ranks'])}</td><td>{ratio_s}</td><td class='msg'>{_e(row['message'])}"
                    f"{_said(row)}</td></tr>")
     out.append("</tbody></table></section>")
