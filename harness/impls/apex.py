@@ -112,6 +112,9 @@ _OPTIMIZED_CAPS = Capabilities(devices=frozenset({"cuda"}), dtypes=frozenset({"f
 class ApexImpl(Impl):
     """``apex.parallel.SyncBatchNorm`` as apex exports it here (fallback or optimized)."""
 
+    def repro_binding(self) -> dict:
+        return {"library": "apex", "code": "from apex.parallel import SyncBatchNorm", "on_cuda": False}
+
     @property
     def capabilities(self) -> Capabilities:  # type: ignore[override]
         return _OPTIMIZED_CAPS if probe().kind == "optimized" else _FALLBACK_CAPS

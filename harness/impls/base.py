@@ -68,6 +68,15 @@ class Impl(abc.ABC):
     def version(self) -> Optional[str]:
         return None
 
+    def repro_binding(self) -> Optional[dict]:
+        """How a short repro file imports this implementation, or None where it cannot stand alone.
+
+        ``{"library": the package a maintainer installs, "code": lines that bind ``SyncBatchNorm`` to a callable
+        with torch.nn.SyncBatchNorm's constructor, "on_cuda": whether it is torch's layer (CUDA when there is
+        one, else the file's CPU stand-ins for torch's CUDA ops)}``.
+        """
+        return None
+
     def check_available(self) -> None:  # noqa: B027 - available unless an adapter says otherwise
         """Raise :class:`harness.errors.ImplUnavailable` with the reason if this cannot run here."""
 

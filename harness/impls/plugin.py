@@ -60,9 +60,16 @@ class PluginImpl(Impl):
                 self.name = display
         return self._factory
 
+    def repro_binding(self) -> dict:
+        line = (f"from {self.module_name} import SyncBatchNorm" if self.attr == "SyncBatchNorm"
+                else f"from {self.module_name} import {self.attr} as SyncBatchNorm")
+        return {"library": self.module_name.split(".")[0], "code": line, "on_cuda": False}
+
     def version(self) -> Optional[str]:
+        """The module's ``__version__``, else its top-level package's (``fairscale`` for ``fairscale.experimental.nn``)."""
         mod = importlib.import_module(self.module_name)
-        return getattr(mod, "__version__", None)
+        top = importlib.import_module(self.module_name.split(".")[0])
+        return getattr(mod, "__version__", None) or getattr(top, "__version__", None)
 
     def check_available(self) -> None:
         self._load()

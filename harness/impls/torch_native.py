@@ -41,6 +41,9 @@ class TorchImpl(Impl):
 
         return cuda_contract.syncbn_unsupported_reason(case)
 
+    def repro_binding(self) -> dict:
+        return {"library": "torch", "code": "SyncBatchNorm = torch.nn.SyncBatchNorm", "on_cuda": True}
+
     def check_available_on(self, device: str) -> None:
         if device == "cpu":
             from harness.errors import ImplUnavailable

@@ -78,10 +78,10 @@ def observe(case: Case, impl_name: str, device: str, timeout: float = 300.0):
 
 def seen_line(record, case: Case) -> str:
     """Where the symptom was seen: build, mode, device, and whether a CUDA record confirms it."""
-    mode = f", {record.mode}" if record.mode and record.mode != "native" else ""
-    line = (f"{record.status.value} on torch {record.torch_version}{mode}, {record.impl} "
-            f"{record.impl_version or ''}".rstrip() + f", {record.device}/{record.backend} "
-            f"(syncbn-harness case {case.id})")
+    mode = f" ({record.mode})" if record.mode and record.mode != "native" else ""
+    impl = "" if record.impl == "torch" else f" with {record.impl} {record.impl_version or ''}".rstrip()
+    line = (f"{record.status.value} on torch {record.torch_version}{mode}{impl}, {record.device}/{record.backend}, "
+            f"syncbn-harness case {case.id}")
     if record.mode == "cpu-emulation":
         line += "; cpu-emulation, not yet confirmed on CUDA"
     return line
@@ -90,8 +90,10 @@ def seen_line(record, case: Case) -> str:
 def write_short(case: Case, impl_name: str, record, path: Path, *, verify: bool = True,
                 timeout: float = 600.0, title: str = "") -> Written:
     """Write the short form of ``record``'s failure of ``case`` to ``path`` (and run it once when ``verify``)."""
-    impl = resolve_impl(impl_name)
-    reason = short.unexpressible(case, impl["kind"])
+    from harness.impls.registry import resolve
+
+    adapter = resolve(impl_name)
+    reason = short.unexpressible(case, adapter)
     if reason:
         raise UsageError(f"{case.id}: {reason}; write the generated form with --long")
     if record.status.value not in FAILING:
@@ -101,7 +103,7 @@ def write_short(case: Case, impl_name: str, record, path: Path, *, verify: bool 
         symptom = symptom_of(record)
     except NoSymptom as exc:
         raise UsageError(f"{case.id}: {exc}") from None
-    target = short.Target.of(impl_name, (impl["module"], impl["attr"]))
+    target = short.Target.of(adapter)
     path.write_text(short.source(case, target, symptom, seen=seen_line(record, case), title=title))
     path.chmod(0o755)
     written = Written(path, "short", record)
@@ -120,12 +122,13 @@ def write_repro(case_id: str, impl_name: str, *, output: Optional[str] = None, d
     """Write the repro of ``case_id`` for ``impl_name`` (short form unless ``long``)."""
     from harness.selection import default_device
 
+    from harness.impls.registry import resolve
+
     case = find_case(case_id)
-    impl = resolve_impl(impl_name)
     safe = case.id.replace("/", "_")
     path = Path(output or f"repro_{safe}_{impl_name.replace(':', '_').replace('.', '_')}.py").expanduser()
     if not long:
-        reason = short.unexpressible(case, impl["kind"])
+        reason = short.unexpressible(case, resolve(impl_name))
         if reason:
             raise UsageError(f"{case.id}: {reason}; write the generated form with --long")
         if not run_first:
@@ -133,6 +136,7 @@ def write_repro(case_id: str, impl_name: str, *, output: Optional[str] = None, d
                              "first: drop --no-run, or write the generated form with --long")
         record = observe(case, impl_name, device or default_device(), timeout)
         return write_short(case, impl_name, record, path, verify=verify)
+    impl = resolve_impl(impl_name)
     if impl["kind"] == "torch" and device == "cpu":
         raise UsageError("--impl torch --device cpu cannot be standalone in the long form: torch.nn.SyncBatchNorm "
                          "refuses CPU input; use --device cuda (the default for torch), or the short form, which "

@@ -40,7 +40,7 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -49,9 +49,6 @@ from harness.repro import short_text as text
 from harness.repro.symptom import Symptom
 
 FILE_STEPS = ("train", "eval", "nograd", "eval-rank0")
-# What the library is and how the file imports its SyncBatchNorm class.
-_BUILTIN_IMPORTS = {"torch": ("torch", "SyncBatchNorm = torch.nn.SyncBatchNorm"),
-                    "apex": ("apex", "from apex.parallel import SyncBatchNorm")}
 _UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
 
 
@@ -65,27 +62,25 @@ class Target:
     on_cuda: bool  # torch's layer: CUDA when there is one, else the CPU stand-ins
 
     @classmethod
-    def of(cls, impl_name: str, plugin: Optional[tuple[str, str]] = None) -> "Target":
-        """The target for ``impl_name``; ``plugin`` is ``(module, attribute)`` for a plugin."""
-        if impl_name in _BUILTIN_IMPORTS:
-            library, line = _BUILTIN_IMPORTS[impl_name]
-            return cls(impl_name, library, line, impl_name == "torch")
-        module, attr = plugin
-        line = f"from {module} import {attr} as SyncBatchNorm" if attr != "SyncBatchNorm" \
-            else f"from {module} import SyncBatchNorm"
-        return cls(impl_name, module.split(".")[0], line, False)
+    def of(cls, impl) -> Optional["Target"]:
+        """The target for the adapter ``impl`` (its :meth:`~harness.impls.base.Impl.repro_binding`), or None."""
+        binding = impl.repro_binding()
+        if binding is None:
+            return None
+        return cls(impl.name, binding["library"], binding["code"], binding["on_cuda"])
 
 
-def unexpressible(case: Case, impl_kind: str) -> Optional[str]:
-    """Why the short form cannot reproduce ``case`` for an implementation of ``impl_kind``, or None."""
-    if impl_kind == "reference":
-        return "the reference SyncBN needs the harness and its C++ kernels"
+def unexpressible(case: Case, impl) -> Optional[str]:
+    """Why the short form cannot reproduce ``case`` for the adapter ``impl``, or None."""
+    if impl.repro_binding() is None:
+        return (f"{impl.name} cannot be imported by a standalone file (the reference needs the harness's kernels; "
+                "a converter's cases convert whole models)")
     if case.scenario != "layer" or case.model:
         return f"the short form runs one layer; this case's scenario is {case.model or case.scenario!r}"
     reasons = [(bool(case.compile), "torch.compile"), (case.backend is not None, f"the {case.backend} backend"),
                (case.input_layout != "dense", f"a {case.input_layout} input view"),
                (any(k not in FILE_STEPS for k in case.steps), "two forwards before one backward ('fwd' steps)"),
-               (impl_kind == "apex" and case.memory_format != "contiguous", "apex's channels-last layer")]
+               (impl.name == "apex" and case.memory_format != "contiguous", "apex's channels-last layer")]
     said = [why for bad, why in reasons if bad]
     if said:
         return "the short form does not cover " + ", ".join(said)
@@ -112,6 +107,10 @@ def source(case: Case, target: Target, symptom: Symptom, *, seen: str, title: st
     ``seen``: one line naming the builds the symptom was observed on (and whether on CUDA or only in
     cpu-emulation); ``title``: the first docstring line (default: the symptom in words).
     """
+    if symptom.status == "mismatch" and symptom.step is not None:
+        # The steps after the first one that shows the symptom change nothing about it.
+        case = replace(case, steps=case.steps[:symptom.step + 1],
+                       step_batch_sizes=case.step_batch_sizes[:symptom.step + 1] if case.step_batch_sizes else None)
     u_q, u_acc = tolerance_terms(case, symptom.quantity or "output")
     fmt = {"contiguous": None, "channels_last": "torch.channels_last",
            "channels_last_3d": "torch.channels_last_3d"}

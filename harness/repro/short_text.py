@@ -272,12 +272,13 @@ def story(case: Case, target, symptom) -> str:
                                f"inputs {case.input_mean:g} + {case.input_scale:g} x N(offset, spread)"),
                               (bool(case.constant_channels), f"constant channels {list(case.constant_channels)}")]
               if ok]
-    words = (f"{case.world_size} processes {where} run {target.name}'s SyncBatchNorm ({case.channels} channels, "
+    layer = "torch.nn.SyncBatchNorm" if target.name == "torch" else target.name.replace(":", ".")
+    words = (f"{case.world_size} processes {where} run {layer} ({case.channels} channels, "
              f"{case.dtype} input, {case.param_dtype} parameters{''.join(', ' + e for e in extras)}) on their "
              f"parts of one batch ({sizes} samples of spatial size {tuple(case.spatial[0])}; steps: "
              f"{', '.join(case.steps)}) and compare {symptom.quantity or 'the output'} with "
              f"torch.nn.{BN_CLASS[case.ndim]} over the whole batch in float64.")
-    return "\n".join(textwrap.wrap(words, 100))
+    return "\n".join(textwrap.wrap(words, 100, break_on_hyphens=False))
 
 
 def constants(v: dict) -> str:
@@ -331,7 +332,8 @@ def render(v: dict, *, cuda: bool) -> str:
     backend = ('"nccl" if DEVICE == "cuda" and torch.cuda.device_count() >= len(SPATIAL) else "gloo"'
                if cuda else '"gloo"')
     needs = "torch" if v["library"] == "torch" else f"torch and {v['library']}"
-    doc = [f'"""{v["title"].rstrip(".")}.', "", v["story"], "", f"Seen: {v['seen'].rstrip('.')}.",
+    doc = [f'"""{v["title"].rstrip(".")}.', "", v["story"], "",
+           *textwrap.wrap(f"Seen: {v['seen'].rstrip('.')}.", 100, break_on_hyphens=False),
            f"Needs only {needs}. Exit 1: the symptom shows; 0: it does not (fixed); 2: something else failed."]
     if cuda:
         doc += ["Without a GPU, torch's SyncBatchNorm runs over plain-torch CPU stand-ins for its five CUDA ops",

@@ -62,9 +62,10 @@ class Assessment:
             else ""
         return {
             "silent non-finite": f"NaN/Inf in {q} with no error: the loss or eval turns NaN",
-            "silent wrong value": f"{q} silently wrong{err}: "
-                                  + ("eval after training differs" if q.startswith("running") or
-                                     q == "num_batches_tracked" else "training converges differently"),
+            "silent wrong value": f"{q} silently wrong{err}: " + (
+                "eval after training differs" if q.startswith("running") else
+                "momentum=None's average and checkpoints count the wrong number of steps"
+                if q == "num_batches_tracked" else "training converges differently"),
             "hang": "the job stalls until a collective times out",
             "crash": "a rank dies and takes the job with it",
             "error": "training stops with an exception that names the problem",

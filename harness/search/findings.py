@@ -62,9 +62,13 @@ def write_repros(result: SearchResult, out: Path, device: str, command: str) -> 
         try:
             f.repro_verdict = write_short(f.minimal, f.impl, f.record, path, title=f.signature).verdict()
         except UsageError as exc:  # the short form cannot state it: the generated form, with why
-            long_device = "cuda" if f.impl == "torch" else device
-            path.write_text(repro_source(f.minimal, f.impl, device=long_device, record=f.record, command=command,
-                                         filename=path.name))
+            try:
+                long_device = "cuda" if f.impl == "torch" else device
+                path.write_text(repro_source(f.minimal, f.impl, device=long_device, record=f.record,
+                                             command=command, filename=path.name))
+            except UsageError as no_long:  # neither form: the finding says why, the summary is still written
+                f.repro_verdict = f"no repro file ({exc}; the long form: {no_long})"
+                continue
             path.chmod(0o755)
             f.repro_verdict = f"long form ({exc})"
         f.repro_file = str(path)
