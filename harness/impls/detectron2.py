@@ -103,6 +103,17 @@ class Detectron2Impl(Impl):
     def check_available(self) -> None:
         locate()
 
+    def repro_binding(self) -> dict:
+        """A standalone file binds ``SyncBatchNorm`` to this class and stats_mode (no process group, as here)."""
+        module = "detectron2.layers.batch_norm" if locate()[1] == "detectron2" else "detectron2_layers.batch_norm"
+        code = (f"from {module} import NaiveSyncBatchNorm\n\n\n"
+                "def SyncBatchNorm(num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,\n"
+                "                  process_group=None):\n"
+                "    assert process_group is None, 'NaiveSyncBatchNorm reduces over the default group'\n"
+                "    return NaiveSyncBatchNorm(num_features, eps=eps, momentum=momentum, affine=affine,\n"
+                f"                              track_running_stats=track_running_stats, stats_mode={self.stats_mode!r})")
+        return {"library": module.split(".")[0].replace("_", "-"), "code": code, "on_cuda": False}
+
     def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
         if case.scenario == "model":  # a network whose norms come from build() (DDP, training loops): no conversion
             case = dataclasses.replace(case, model=None)

@@ -61,6 +61,10 @@ class MmengineImpl(TorchImpl):
             raise ImplUnavailable(f"mmengine not importable ({type(exc).__name__}: {exc}); "
                                   "pip install mmengine") from exc
 
+    def repro_binding(self) -> None:
+        """None: a converter's cases convert whole models, which a standalone short file does not."""
+        return None
+
     def check_available_on(self, device: str) -> None:
         self.check_available()
         super().check_available_on(device)

@@ -52,6 +52,15 @@ class TimmLayerImpl(TorchImpl):
             raise ImplUnavailable(f"timm's SyncBatchNormAct not importable ({type(exc).__name__}: {exc}); install "
                                   "timm and a torchvision built for the installed torch") from exc
 
+    def repro_binding(self) -> dict:
+        """A standalone file builds SyncBatchNormAct as this adapter does; it is torch's layer underneath."""
+        code = ("from timm.layers import SyncBatchNormAct\n\n\n"
+                "def SyncBatchNorm(*args, **kwargs):\n"
+                "    m = SyncBatchNormAct(*args, **kwargs)\n"
+                "    m.drop, m.act = torch.nn.Identity(), torch.nn.Identity()  # BatchNormAct2d(apply_act=False)'s\n"
+                "    return m")
+        return {"library": "timm", "code": code, "on_cuda": True}
+
     def check_available_on(self, device: str) -> None:
         self.check_available()
         super().check_available_on(device)
