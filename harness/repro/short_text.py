@@ -340,8 +340,9 @@ def render(v: dict, *, cuda: bool) -> str:
                 "(stand_in_cuda_ops below): a symptom seen that way lives in torch's Python code."]
     quantity = sym.quantity or "output"
     across = sym.status == "mismatch" and sym.aspect == "across-ranks"
+    gap = "\n\n" if "\ndef " in "\n" + v["import_line"] else ""  # two blank lines after a function
     parts = ["#!/usr/bin/env python3", "\n".join(doc) + '\n"""', IMPORTS, "\n" + v["import_line"] + "\n\n",
-             constants(v) + f"DEVICE = {device}\nBACKEND = {backend}\n",
+             gap + constants(v) + f"DEVICE = {device}\nBACKEND = {backend}\n",
              DATA.replace("@@HOSTILE@@", HOSTILE if hostile(v) else ""), TOLERANCE,
              OBSERVE_DEF.replace("@@OBSERVE@@", OBSERVE[quantity])]
     if quantity in ("grad_weight", "grad_bias"):
