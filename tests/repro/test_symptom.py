@@ -1,0 +1,58 @@
+"""The one symptom a short repro checks: the earliest step's first failure, in the record's own words."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.judge.metric import Metric
+from harness.repro.symptom import NoSymptom, Symptom, symptom_of
+from harness.results.records import RankOutcome, RankStatus, Record, Status
+
+
+def record(status=Status.MISMATCH, metrics=None, ranks=()) -> Record:
+    return Record(case="x/y/ws2", family="x", params={}, impl="p:Q", status=status, metrics=metrics or {},
+                  ranks=list(ranks), message="rank 0: something")
+
+
+def bad(ratio=5.0) -> Metric:
+    return Metric(0.1, 0.1, 0.02, ratio)
+
+
+def test_the_earliest_step_wins_then_the_scenarios_order():
+    sym = symptom_of(record(metrics={
+        "rank0.step1.train.output": bad(),
+        "rank0.step0.train.output": Metric(0.0, 0.0, 1.0, 0.0),  # passes
+        "rank0.step0.train.running_var": bad(),
+        "rank0.step0.train.num_batches_tracked": Metric.failure("num_batches_tracked 0, expected 1"),
+    }))
+    assert sym == Symptom("mismatch", "running_var", "value", 0, message="rank 0: something")
+
+
+@pytest.mark.parametrize("name, problem, want", [
+    ("rank1.step0.train.output", "dtype torch.float32, expected torch.float16", ("output", "dtype")),
+    ("rank1.step0.eval.grad_input", "3 non-finite values where the oracle is finite", ("grad_input", "non-finite")),
+    ("rank0.step0.train.output", "output not in torch.channels_last", ("output", "layout")),
+    ("step0.train.running_mean.across_ranks", "running_mean differs across ranks", ("running_mean", "across-ranks")),
+    ("step0.grad_weight_sum", None, ("grad_weight", "value")),
+])
+def test_what_is_wrong_with_the_tensor(name, problem, want):
+    metric = Metric.failure(problem) if problem else bad()
+    sym = symptom_of(record(metrics={name: metric}))
+    assert (sym.quantity, sym.aspect) == want
+
+
+def test_errors_crashes_and_hangs_name_the_first_rank_that_failed():
+    err = symptom_of(record(Status.ERROR, ranks=[
+        RankOutcome(0, RankStatus.PEER_FAILED),
+        RankOutcome(1, RankStatus.ERROR, exception_type="TypeError", message="momentum is None")]))
+    assert (err.status, err.exception_type, err.message) == ("error", "TypeError", "momentum is None")
+    crash = symptom_of(record(Status.CRASH, ranks=[RankOutcome(0, RankStatus.CRASH, signal="SIGABRT")]))
+    assert crash.describe() == "a rank dies (SIGABRT)"
+    assert symptom_of(record(Status.HANG)).describe() == "the ranks hang"
+
+
+def test_what_the_short_form_cannot_state_says_so():
+    with pytest.raises(NoSymptom, match="--long"):
+        symptom_of(record(metrics={"collectives.eval": Metric.failure("eval issued an all_gather")}))
+    with pytest.raises(NoSymptom, match="no failure"):
+        symptom_of(record(Status.PASS))
