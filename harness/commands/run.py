@@ -35,6 +35,7 @@ def run(selection, store_dir, resume, fmt, junit, compare, verbose, no_diagnose)
     start_ranks_early(selection)
     from harness.engine.plan import execute, make_plan
     from harness.errors import Terminated
+    from harness.results.console import cut
     from harness.results.progress import Progress, wanted
     from harness.results.records import Status, exit_code
 
@@ -68,16 +69,16 @@ def run(selection, store_dir, resume, fmt, junit, compare, verbose, no_diagnose)
 
         def on_record(record):
             bar.update(record)
-            if fmt == "json" or record.status == Status.PASS:
+            if fmt == "json" or record.status == Status.PASS or record.known:
                 return  # the progress line counts these; log lines are for what needs a look
             if not record.ran:  # one line per implementation that cannot run here, not one per record
                 key = (record.impl, record.status, record.message)
                 if key not in announced:
                     announced.add(key)
-                    bar.write(f"{record.status.value:<14} {record.impl}: {record.message}")
+                    bar.write(cut(f"{record.status.value:<14} {record.impl}: {record.message}"))
                 return
-            bar.write(f"{record.label:<14} {record.case}  [{record.impl}]"
-                      + (f"  {record.message.splitlines()[0][:160]}" if record.message else ""))
+            bar.write(cut(f"{record.label:<14} {record.case}  [{record.impl}]"
+                          + (f"  {record.message.splitlines()[0]}" if record.message else "")))
 
         try:
             records, is_writer = execute(plan, on_record=on_record, on_abort=output)
@@ -111,5 +112,5 @@ def next_steps(records, selection, err: bool) -> None:
         return
     first = failed[0]
     device = f" --device {first.device}" if first.device != "cuda" and first.impl != "torch" else ""
-    click.echo(f"\nto reproduce the first failure as a standalone script: syncbn-harness repro {first.case} "
+    click.echo(f"\nto reproduce the first failure as a short standalone file:\n  syncbn-harness repro {first.case} "
                f"--impl {shlex.quote(first.impl)}{device} -o repro.py", err=err)

@@ -33,6 +33,7 @@ import datetime
 import logging
 import os
 import signal
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -203,6 +204,21 @@ def inductor_cache_dir() -> Path:
     return cache_root() / "inductor" / f"torch-{torch.__version__.replace('+', '_')}-{commit}"
 
 
+def thread_lock_for_progress_bars() -> None:
+    """Give tqdm a thread lock before anything in this rank makes a progress bar.
+
+    torch.fx's interpreter and inductor's compile waits draw tqdm bars, and tqdm's first bar creates a
+    process-shared lock: a POSIX semaphore registered with the run's resource tracker. A rank leaves by
+    ``os._exit``, so nothing would release it, and the run ended on "There appear to be N leaked semaphore
+    objects" (one per rank that compiled). A rank's bars are never shared with another process.
+    """
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
+
+
 def use_inductor_cache() -> None:
     """In a rank process: inductor caches under :func:`inductor_cache_dir` and compiles in the rank itself
     (no pool of compile workers to leave behind), unless the user chose otherwise."""
@@ -250,6 +266,7 @@ def rank_main(rank: int, world_size: int, port: int, conn, log_path: str, parent
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]
     sys.path[:0] = extra
     use_inductor_cache()
+    thread_lock_for_progress_bars()
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)

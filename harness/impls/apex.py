@@ -35,10 +35,8 @@ from harness.impls.base import Capabilities, Impl
 from harness.impls.registry import register
 
 PR_REMOVED = "NVIDIA/apex PR #1896"
-INSTALL_HINT = (f"apex is not on the package index: build it from source at a commit before {PR_REMOVED} "
-                "for apex.parallel; its setup.py needs a CUDA build of torch and nvcc even without extensions, "
-                "so build a wheel there (`pip wheel --no-deps --no-build-isolation <checkout>`) and install it; "
-                "`--cuda_ext` adds the optimized syncbn extension")
+INSTALL_HINT = (f"not on the package index: build it from source at a commit before {PR_REMOVED}, see "
+                "docs/development.md#installing-apex")
 
 
 class ApexProbe(NamedTuple):

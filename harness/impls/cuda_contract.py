@@ -414,7 +414,6 @@ def syncbn_unsupported_reason(case) -> Optional[str]:
     bn = batchnorm_refusal_on_cuda(case.dtype, case.param_dtype, case.affine, case.track_running_stats, case.ndim)
     if bn is None:
         return None
-    return (f"torch's CUDA kernels refuse {case.dtype} input with {case.param_dtype} parameters and buffers "
-            f"(affine={case.affine}, track_running_stats={case.track_running_stats}) in a synchronized training "
-            f"step: {refusal}; nn.BatchNorm on CUDA refuses it too ({bn}): a documented limitation, not a "
-            "SyncBatchNorm defect (see docs/catalog-and-judgement.md, torch on CPU)")
+    return (f"torch's CUDA kernels refuse {case.dtype} input with {case.param_dtype} parameters in a synchronized "
+            f"training step ({refusal}); nn.BatchNorm on CUDA refuses it too ({bn}): a documented limitation "
+            "(docs/catalog-and-judgement.md, torch on CPU)")

@@ -1,24 +1,38 @@
-"""What a run prints for people: a family x implementation summary, the records that need a look, the totals.
+"""What a run prints for people, in at most :data:`WIDTH` columns: the summary, what needs a look, the totals.
 
-- The summary counts each (impl, family) cell per status; known issues say
-  ``(known)``.
-- Then one line per record that did not pass (every record with ``-v``):
-  case, impl, status, the worst error/tolerance ratio, seconds, message.
-- An implementation that could not run here (not installed, say) is one line
-  with its whole reason, not one line per record.
-- Numbers are compact (``1.77e+11``); columns are as wide as their content.
+In order:
+
+1. the summary: families as rows, implementations as columns, each cell the
+   counts per status in letters (:data:`LETTERS`, lowercase for a known issue,
+   ``27P 3c``), then the legend; with more implementations than fit, the table
+   is printed in blocks of whole columns, the family column repeated;
+2. unexpected failures, first, each as three lines (the case; its status,
+   implementation and err/tol; the first line of its message), cut at the width;
+3. known issues, one per issue: how many records, their statuses,
+   implementations and families, then its link; ``--verbose`` lists every
+   record one by one instead (the report and the records hold every message);
+4. one line per implementation and reason for what could not run at all,
+   wrapped;
+5. the totals, wrapped.
+
+Numbers are compact (``1.77e+11``); a cut line ends in `` ...``.
 """
 
 from __future__ import annotations
 
 import collections
 import math
+import textwrap
 from typing import Callable, Optional, Sequence
 
 from harness.results.records import NOT_RUN, Record, Status
 
 Echo = Callable[[str], None]
-MESSAGE_WIDTH = 110
+WIDTH = 100
+LETTERS = {Status.PASS: "P", Status.MISMATCH: "M", Status.ERROR: "E", Status.CRASH: "C", Status.HANG: "H",
+           Status.UNSUPPORTED: "U", Status.SKIPPED: "S"}
+LEGEND = ("P pass, M mismatch, E error, C crash, H hang, U unsupported, S skipped; "
+          "lowercase: a known issue")
 
 
 def format_ratio(x: Optional[float]) -> str:
@@ -37,18 +51,43 @@ def format_size(n: float) -> str:
     return f"{n:.1f} GB"
 
 
-def _cell(counter: collections.Counter) -> str:
-    return ", ".join(f"{n} {label}" for label, n in sorted(counter.items(), key=lambda kv: (-kv[1], kv[0]))) or "-"
+def cut(line: str, width: int = WIDTH) -> str:
+    """``line`` in at most ``width`` columns, ending in `` ...`` where it was cut."""
+    return line if len(line) <= width else line[:width - 4].rstrip() + " ..."
 
 
-def summary_matrix(records: Sequence[Record]) -> list[list[str]]:
-    """Rows of the family x implementation summary, the header first."""
+def _letter(r: Record) -> str:
+    letter = LETTERS[r.status]
+    return letter.lower() if r.known else letter
+
+
+def _cell(records: Sequence[Record]) -> str:
+    counts = collections.Counter(_letter(r) for r in records)
+    order = "PMmEeCcHhUS"
+    return " ".join(f"{counts[k]}{k}" for k in sorted(counts, key=order.index)) or "-"
+
+
+def summary_blocks(records: Sequence[Record], width: int = WIDTH) -> list[list[list[str]]]:
+    """The family x implementation summary as tables of rows (header first), split by implementation so that
+    each fits ``width`` columns."""
     families = list(dict.fromkeys(r.family for r in records))
     impls = list(dict.fromkeys(r.impl for r in records))
-    cells: dict = collections.defaultdict(collections.Counter)
+    by_cell: dict = collections.defaultdict(list)
     for r in records:
-        cells[(r.impl, r.family)][r.label] += 1
-    return [["impl", *families]] + [[i, *(_cell(cells[(i, f)]) for f in families)] for i in impls]
+        by_cell[(r.family, r.impl)].append(r)
+    cells = {key: _cell(rs) for key, rs in by_cell.items()}
+    first = max(len("family"), *(len(f) for f in families))
+    blocks, current, used = [], [], first
+    for impl in impls:
+        w = max(len(impl), *(len(cells.get((f, impl), "-")) for f in families))
+        if current and used + 2 + w > width:
+            blocks.append(current)
+            current, used = [], first
+        current.append(impl)
+        used += 2 + w
+    blocks.append(current)
+    return [[["family", *block]] + [[f, *(cells.get((f, i), "-") for i in block)] for f in families]
+            for block in blocks]
 
 
 def columns(rows: list[list[str]], right: Sequence[int] = ()) -> list[str]:
@@ -61,29 +100,53 @@ def columns(rows: list[list[str]], right: Sequence[int] = ()) -> list[str]:
     return out
 
 
-def record_line_cells(r: Record) -> list[str]:
+def failure_lines(r: Record) -> list[str]:
+    """One record: its case; its status, implementation and worst err/tol; the first line of its message."""
     msg = r.message.splitlines()[0] if r.message else ""
-    if len(msg) > MESSAGE_WIDTH:
-        msg = msg[:MESSAGE_WIDTH - 3].rsplit(" ", 1)[0] + " ..."
-    if r.known_issue and r.known_issue.link and (r.known or r.known_issue.now_passes):
-        msg = f"{msg}  [{r.known_issue.link}]".strip()
-    return [r.case, r.impl, r.label, format_ratio(r.worst_ratio), f"{r.duration_s:.2f}", msg]
+    lines = [cut(f"  {r.case}"), cut(f"      {r.label}  {r.impl}  err/tol {format_ratio(r.worst_ratio)}")]
+    return lines + ([cut(f"      {msg}")] if msg else [])
 
 
-def not_run_lines(records: Sequence[Record]) -> list[str]:
-    """One line per (impl, status, reason) of records that did not run, with the whole reason."""
+def known_issue_lines(records: Sequence[Record]) -> list[str]:
+    """One entry per known issue (records grouped by its link): count, statuses, implementations, families;
+    then the link on its own line."""
+    groups: dict = collections.defaultdict(list)
+    for r in records:
+        groups[r.known_issue.link if r.known_issue else ""].append(r)
+    out = []
+    for link, rs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        statuses = "/".join(dict.fromkeys(r.status.value for r in rs))
+        impls = ", ".join(dict.fromkeys(r.impl for r in rs))
+        families = ", ".join(dict.fromkeys(r.family for r in rs))
+        out.append(cut(f"  {len(rs):>4} {statuses}  {impls}: {families}"))
+        out.append(cut(f"         {link}"))
+    return out
+
+
+def not_run_lines(records: Sequence[Record], width: int = WIDTH) -> list[str]:
+    """One entry per (impl, status, reason) of records that did not run, the whole reason wrapped to ``width``."""
     reasons = collections.Counter((r.impl, r.status.value, r.message) for r in records if r.status in NOT_RUN)
-    return [f"{impl}: {n} {status}: {why}" for (impl, status, why), n in reasons.items()]
+    out = []
+    for (impl, status, why), n in reasons.items():
+        out += textwrap.wrap(f"{impl}: {n} {status}: {why}", width, subsequent_indent="    ",
+                             break_on_hyphens=False)
+    return out
 
 
 def totals_line(records: Sequence[Record]) -> str:
+    """``52 records: 52 pass  (0.9s in cases)``, the counts by label, most first (one line, however long)."""
     counts = collections.Counter(r.label for r in records)
     summary = ", ".join(f"{n} {label}" for label, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
     return f"{len(records)} records: {summary}  ({sum(r.duration_s for r in records):.1f}s in cases)"
 
 
+def totals_lines(records: Sequence[Record], width: int = WIDTH) -> list[str]:
+    """:func:`totals_line` wrapped to ``width`` columns."""
+    return textwrap.wrap(totals_line(records), width, subsequent_indent="    ", break_on_hyphens=False)
+
+
 def print_table(records: Sequence[Record], verbose: bool = False, echo: Optional[Echo] = None) -> None:
-    """The summary, the records that need a look (all with ``verbose``), the not-run reasons, the totals."""
+    """The summary, unexpected failures, known issues (every record with ``verbose``), what did not run, totals."""
     if echo is None:
         import click
 
@@ -91,19 +154,38 @@ def print_table(records: Sequence[Record], verbose: bool = False, echo: Optional
     if not records:
         echo("no records")
         return
-    for line in columns(summary_matrix(records)):
-        echo(line)
-    shown = [r for r in records
-             if verbose or (r.status not in NOT_RUN and (r.status != Status.PASS or r.label != "pass"))]
-    if shown:
-        echo("")
-        rows = [["case", "impl", "status", "err/tol", "time", "message"]] + [record_line_cells(r) for r in shown]
-        for line in columns(rows, right=(3, 4)):
+    for i, block in enumerate(summary_blocks(records)):
+        if i:
+            echo("")
+        for line in columns(block):
             echo(line)
+    echo(cut(LEGEND))
+    ran = [r for r in records if r.status not in NOT_RUN]
+    if verbose:
+        echo("")
+        echo("every record:")
+        for r in ran:
+            for line in failure_lines(r):
+                echo(line)
+    else:
+        unexpected = [r for r in ran if r.label != "pass" and not r.known]
+        known = [r for r in ran if r.known]
+        if unexpected:
+            echo("")
+            echo(f"unexpected ({len(unexpected)}):")
+            for r in unexpected:
+                for line in failure_lines(r):
+                    echo(line)
+        if known:
+            echo("")
+            echo(f"known issues ({len(known)} records, expected; -v lists them one by one):")
+            for line in known_issue_lines(known):
+                echo(line)
     lines = not_run_lines(records)
     if lines:
         echo("")
         for line in lines:
             echo(line)
     echo("")
-    echo(totals_line(records))
+    for line in totals_lines(records):
+        echo(line)
