@@ -6,7 +6,10 @@
   SyncBatchNorm), :mod:`~harness.impls.torch_native` and
   :mod:`~harness.impls.torch_emulation` (torch's module on CPU),
   :mod:`~harness.impls.cuda_contract` (what torch's CUDA kernels accept, enforced by the emulation),
-  :mod:`~harness.impls.apex`, :mod:`~harness.impls.timm_converter` (opt-in), :mod:`~harness.impls.plugin`.
+  :mod:`~harness.impls.apex`, :mod:`~harness.impls.plugin`, and the opt-in maintained code:
+  :mod:`~harness.impls.timm_converter` and :mod:`~harness.impls.timm_layer` (timm's converter and its
+  SyncBatchNormAct), :mod:`~harness.impls.detectron2` (NaiveSyncBatchNorm),
+  :mod:`~harness.impls.mmengine_converter`, :mod:`~harness.impls.lightning_converter`.
 """
 
 from harness.impls.base import Capabilities, Impl

@@ -50,6 +50,9 @@ class TimmImpl(TorchImpl):
             return "timm brings a converter only; its layers are torch.nn.SyncBatchNorm's (see --impl torch)"
         return super().unsupported_reason(case, device)
 
+    def repro_binding(self) -> None:
+        return None  # a converter: its cases convert whole models, beyond a standalone layer file
+
     def converter(self):
         from timm.layers import convert_sync_batchnorm
 
