@@ -46,7 +46,7 @@ DYNAMO_SCENARIOS = ("model", "conversion", "checkpoint")
 # Families whose cases all run a scenario outside DYNAMO_SCENARIOS (tests/engine/test_forkserver.py checks
 # this table against the catalog): a selection made only of these starts a forkserver without dynamo.
 LIGHT_FAMILIES = ("allgather-shape", "channels-last", "cuda-graph", "mixed-precision", "module-config", "numerics",
-                  "process-group", "scale")
+                  "process-group", "scale", "search")
 
 _started_with: Optional[tuple[str, ...]] = None
 
