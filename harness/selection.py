@@ -61,9 +61,10 @@ class Selection:
     backend: Optional[str] = None
     world_sizes: tuple[int, ...] = ()
     timeout: Optional[float] = None
+    scenarios: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("impls", "case_patterns", "world_sizes"):
+        for name in ("impls", "case_patterns", "world_sizes", "scenarios"):
             object.__setattr__(self, name, tuple(getattr(self, name) or ()))
         if self.device is not None and self.device not in DEVICES:
             raise UsageError(f"--device {self.device!r}: choose one of {', '.join(DEVICES)}")
@@ -88,7 +89,8 @@ class Selection:
         """The selected cases, in catalog order (a pattern that matches nothing is a usage error)."""
         from harness import catalog
 
-        return catalog.select(self.case_patterns, exhaustive=self.exhaustive, world_sizes=self.world_sizes)
+        return catalog.select(self.case_patterns, exhaustive=self.exhaustive, world_sizes=self.world_sizes,
+                              scenarios=self.scenarios)
 
     @property
     def impl_names(self) -> list[str]:
@@ -129,6 +131,8 @@ class Selection:
             out += ["--backend", self.backend]
         for w in self.world_sizes:
             out += ["--world-size", str(w)]
+        for s in self.scenarios:
+            out += ["--scenario", s]
         if self.timeout:
             out += ["--timeout", f"{self.timeout:g}"]
         return out

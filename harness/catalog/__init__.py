@@ -59,11 +59,18 @@ def is_exact(pattern: str) -> bool:
 
 
 def select(patterns: Iterable[str] = (), *, exhaustive: bool = False,
-           world_sizes: Optional[Iterable[int]] = None) -> list[Case]:
-    """The cases a command runs (see the module docstring for the rule)."""
+           world_sizes: Optional[Iterable[int]] = None, scenarios: Optional[Iterable[str]] = None) -> list[Case]:
+    """The cases a command runs (see the module docstring for the rule); ``scenarios`` keeps only those."""
     patterns = list(patterns)
     sizes = set(world_sizes or ())
     everything = all_cases()
+    wanted_scenarios = set(scenarios or ())
+    known_scenarios = sorted({c.scenario for c in everything})
+    if wanted_scenarios - set(known_scenarios):
+        raise UsageError(f"--scenario {sorted(wanted_scenarios - set(known_scenarios))[0]!r} is no scenario: choose "
+                         f"from {', '.join(known_scenarios)}")
+    if wanted_scenarios:
+        everything = [c for c in everything if c.scenario in wanted_scenarios]
     in_pool = {c.id for c in everything if exhaustive or c.default}
     exact = {p for p in patterns if is_exact(p)}
     globs = [p for p in patterns if not is_exact(p)]

@@ -1,7 +1,7 @@
 """Flags shared by several commands: the selection, the store, the growth rule.
 
 :func:`selection_options` adds ``--impl``, ``--case``, ``--exhaustive``,
-``--device``, ``--backend``, ``--world-size`` and ``--timeout`` and hands the
+``--device``, ``--backend``, ``--world-size``, ``--scenario`` and ``--timeout`` and hands the
 command one :class:`~harness.selection.Selection` as its ``selection``
 argument, so every command reads them the same way.
 """
@@ -38,15 +38,20 @@ def selection_options(fn=None, *, timeout: bool = True):
                           "NCCL's collective contract over gloo, so torch takes its non-gloo code path."),
         click.option("--world-size", "world_sizes", type=click.IntRange(min=1), multiple=True,
                      help="Only cases of this world size (repeatable)."),
+        click.option("--scenario", "scenarios", multiple=True, metavar="NAME",
+                     help="Only cases of this scenario (repeatable): layer, model, conversion, checkpoint, "
+                          "cuda_graph."),
     ]
     if timeout:
         opts.append(click.option("--timeout", type=click.FloatRange(min=0.1), default=None,
                                  help=f"Seconds per case before it is a hang (default {DEFAULT_TIMEOUT_S:g})."))
 
     @functools.wraps(fn)
-    def wrapper(*args, impls, case_patterns, exhaustive, device, backend, world_sizes, timeout=None, **kwargs):
+    def wrapper(*args, impls, case_patterns, exhaustive, device, backend, world_sizes, scenarios, timeout=None,
+                **kwargs):
         kwargs["selection"] = Selection(impls=impls, case_patterns=case_patterns, exhaustive=exhaustive,
-                                        device=device, backend=backend, world_sizes=world_sizes, timeout=timeout)
+                                        device=device, backend=backend, world_sizes=world_sizes, timeout=timeout,
+                                        scenarios=scenarios)
         return fn(*args, **kwargs)
 
     for opt in reversed(opts):

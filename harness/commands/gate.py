@@ -48,6 +48,11 @@ def gate(baseline_path, store_dir, selection, growth, growth_floor, allow_missin
     if store_dir:
         current = gate_mod.stored_current(store_dir, current_key(selection), selection.impls,
                                           selection.case_patterns)
+        if selection.scenarios:
+            from harness import catalog
+
+            ids = {c.id for c in catalog.select(exhaustive=True, scenarios=selection.scenarios)}
+            current = [r for r in current if r.case in ids]
     else:
         current = run_current(selection)
     result = gate_mod.evaluate(baseline, current, GrowthRule(growth, growth_floor), allow_missing=allow_missing,

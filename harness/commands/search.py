@@ -53,6 +53,9 @@ def search(selection, store_dir, budget, max_cases, seed, save, out, shrink_limi
     if selection.case_patterns or selection.exhaustive:
         raise UsageError("search draws its own cases: --case and --exhaustive do not apply (run selects catalog "
                          "cases; search --save promotes what search finds into the catalog)")
+    if set(selection.scenarios) - {"layer"}:
+        raise UsageError(f"--scenario {' '.join(selection.scenarios)}: search draws layer cases only (--scenario "
+                         "layer, the default); run the other scenarios' catalog cases with `syncbn-harness run`")
     budget_s = parse_duration(budget) if budget else (None if max_cases else 300.0)
     shrink_s = parse_duration(shrink_limit) if shrink_limit else None
     result, summary = run_search(selection, store_dir=store_dir or default_store(), budget_s=budget_s,
