@@ -37,8 +37,9 @@ from harness.paths import cache_root
 # kind -> (folder under the cache, depth of its entries below that folder)
 KINDS = {"kernels": ("kernels", 1), "environments": ("envs", 1), "overlays": ("overlays", 2),
          "compile": ("inductor", 1), "bisect": ("bisect", 2), "logs": ("logs", 1), "torchrun": ("torchrun", 1),
-         "indexes": ("indexes", 1), "uv": ("uv", 0)}  # uv's cache of unpacked wheels is one entry (envs link in)
-LOCKED = ("kernels", "environments", "overlays")  # kinds whose maker holds <entry>.lock while making it
+         "indexes": ("indexes", 1), "uv": ("uv", 0),  # uv's cache of unpacked wheels is one entry (envs link in)
+         "apex": ("apex", 1)}  # apex's syncbn built from a user's checkout
+LOCKED = ("kernels", "environments", "overlays", "apex")  # kinds whose maker holds <entry>.lock while making it
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.I)
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.I)
 

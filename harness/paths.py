@@ -28,9 +28,10 @@ variable                        what it sets                                defa
 ==============================  ==========================================  ======================================
 
 Protocol: each function reads its variable when called (never at import),
-so a test or a child process that sets one sees it. (``nox -s gpu`` reads
-two more, ``SYNCBN_HARNESS_GPU_OUT`` and ``SYNCBN_HARNESS_GPU_BUDGET_S``, in
-``noxfile.py``: they belong to that session, not to the harness.)
+so a test or a child process that sets one sees it. (``.ci/gpu-suite.sh``
+reads ``SYNCBN_HARNESS_GPU_BUDGET_S`` and ``nox -s gpu`` reads
+``SYNCBN_HARNESS_GPU_PYTHON``: they belong to those scripts, not to the
+harness.)
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def no_gpu_reason():
         return None
     build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
     return (f"needs a CUDA device: torch {torch.__version__} ({build}) sees none here; "
-            "`nox -s gpu` runs these on a machine with a GPU")
+            "`syncbn-harness gpu-suite` runs these on a machine with a GPU")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,8 +1,8 @@
-"""The GPU suite's CPU side: what `nox -s gpu` runs, the decisions it relies on, each part without a GPU.
+"""The CUDA parts' CPU side: the decisions the GPU suite relies on, each part without a GPU.
 
-On a machine without a GPU (every machine these tests normally run on): the
-session exists and lists its steps; its harness commands parse and say why
-nothing ran; the cuda-marked tests are collected and skipped with the reason;
+The suite itself (its plan, runner, packing and offline rehearsal) is tested in
+tests/gpu_suite/. On a machine without a GPU (every machine these tests
+normally run on): the cuda-marked tests are collected and skipped with the reason;
 nccl's one-GPU-per-rank decision and the ranks' GPU choice are pure functions;
 the cuda-graph cases are unsupported at once on CPU, over gloo and for the
 reference; the benchmark's arithmetic is exact and its whole code path runs on
@@ -15,11 +15,8 @@ rest on), while the reference really cannot be captured.
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -38,100 +35,6 @@ from harness.scenarios import unsupported_reason
 ROOT = Path(__file__).resolve().parents[1]
 HARNESS = [sys.executable, "-m", "harness"]
 no_gpu_here = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens where torch sees no GPU")
-
-
-@functools.lru_cache(maxsize=1)
-def noxfile():
-    """The repository's noxfile as a module (loaded once: loading it registers its sessions with nox)."""
-    spec = importlib.util.spec_from_file_location("syncbn_noxfile", ROOT / "noxfile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-# ---------------------------------------------------------------------- the session
-
-
-def test_the_gpu_session_runs_every_cuda_part_into_one_folder(tmp_path):
-    import nox.registry
-
-    nf = noxfile()
-    assert "gpu" in nox.registry.get()
-    out = str(tmp_path / "suite")
-    steps = nf.gpu_steps(out, "9.0")
-    by_name = {s.name: s for s in steps}
-    assert by_name["build-kernels"].argv == ["syncbn-harness", "build-kernels", "--cuda", "--cuda-arch", "9.0"]
-    assert by_name["build-kernels"].required and steps.index(by_name["build-kernels"]) < 2
-    pytest_step = by_name["pytest -m cuda"].argv
-    assert pytest_step[:5] == ["python", "-m", "pytest", "-m", "cuda"]
-    assert f"--junitxml={out}/pytest-cuda.xml" in pytest_step
-    runs = [s.argv for s in steps if s.argv[:2] == ["syncbn-harness", "run"]]
-    for argv in runs:
-        assert argv[argv.index("--device") + 1] == "cuda" and argv[argv.index("--store") + 1] == f"{out}/results"
-    backends = [(a[a.index("--backend") + 1], "--case" in a) for a in runs]
-    assert backends == [("gloo", False), ("nccl", False), ("nccl", True)]
-    graph = runs[2]
-    assert "--exhaustive" in graph and graph[graph.index("--case") + 1] == "cuda-graph/*"
-    assert by_name["bench kernels"].argv == ["syncbn-harness", "bench", "kernels", "--device", "cuda"]
-    report = steps[-1]
-    assert report.closing and report.argv == ["syncbn-harness", "report", "--store", f"{out}/results", "--out",
-                                              f"{out}/report"]
-    assert len({s.log for s in steps}) == len(steps) and all("/" not in s.log for s in steps)
-
-
-def test_the_budget_always_leaves_time_for_the_report():
-    nf = noxfile()
-    steps = nf.gpu_steps("out", "9.0")
-    build, report = steps[1], steps[-1]
-    assert nf.step_limit(build, 10_000) == build.limit_s  # plenty left: the step's own limit
-    left = 200
-    assert nf.step_limit(build, left) == left - nf.REPORT_RESERVE_S - nf.KILL_AFTER_S
-    assert nf.step_limit(build, nf.REPORT_RESERVE_S) == 0  # not started: the rest is the report's
-    assert nf.step_limit(report, 0) == nf.REPORT_RESERVE_S  # the report runs even when the budget is spent
-    assert nf.step_limit(report, 10_000) == report.limit_s
-    assert nf.DEFAULT_GPU_BUDGET_S + nf.KILL_AFTER_S <= 600  # one lent command has 10 minutes
-
-
-def test_the_session_prints_its_plan_without_running_anything(tmp_path):
-    env = {**os.environ, "SYNCBN_HARNESS_GPU_OUT": str(tmp_path / "suite"),
-           "PATH": str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "nox", "-s", "gpu", "--no-venv", "--no-install", "--", "--plan"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    text = proc.stdout + proc.stderr
-    for name in ("build-kernels", "pytest -m cuda", "default selection, gloo", "cuda-graph family", "bench kernels",
-                 "report"):
-        assert f"nox > {name}" in text, text
-    assert not (tmp_path / "suite").exists()
-
-
-@pytest.mark.slow
-@no_gpu_here
-def test_the_plans_harness_commands_parse_here_and_say_why_nothing_ran(tmp_path):
-    """Every syncbn-harness step of the plan, run here: the CUDA ones end at once with their reason, the store and
-    the report come out where the plan says."""
-    out = tmp_path / "suite"
-    out.mkdir()
-    default_n = len(catalog.select()) * 3
-    expect = {
-        "env": (0, "torch"),
-        "build-kernels": (3, "CPU-only build"),
-        "default selection, gloo": (0, f"{default_n} records: {default_n} skipped"),
-        "default selection, nccl": (0, f"{default_n} records: {default_n} skipped"),
-        "cuda-graph family, nccl": (0, "9 records: 9 skipped"),
-        "bench kernels": (2, "use --device cpu"),
-        "report": (0, ""),
-    }
-    for step in noxfile().gpu_steps(str(out), "9.0"):
-        if step.name not in expect:
-            continue
-        proc = subprocess.run(HARNESS + step.argv[1:], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-        code, text = expect[step.name]
-        assert proc.returncode == code and text in proc.stdout + proc.stderr, (step.name, proc.stdout, proc.stderr)
-        if step.name.startswith("default selection"):
-            assert "no CUDA device on this machine" in proc.stdout
-    assert (out / "report" / "index.html").stat().st_size > 0
-    assert {p.name.rsplit("-", 1)[-1] for p in (out / "results").glob("*.jsonl")} == {"gloo.jsonl", "nccl.jsonl"}
 
 
 def test_a_report_of_records_that_compared_nothing_has_numeric_metrics():
@@ -162,7 +65,7 @@ def test_the_cuda_tests_are_collected_and_skipped_with_the_reason():
     ran = subprocess.run(base + ["-m", "cuda", "-rs"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert f"{n} skipped" in ran.stdout and "passed" not in ran.stdout and "failed" not in ran.stdout, ran.stdout
-    assert "needs a CUDA device" in ran.stdout and "`nox -s gpu` runs these" in ran.stdout
+    assert "needs a CUDA device" in ran.stdout and "`syncbn-harness gpu-suite` runs these" in ran.stdout
 
 
 # ---------------------------------------------------------------------- the engine's decisions
@@ -286,7 +189,7 @@ def test_bench_kernels_on_cuda_without_a_gpu_names_the_fix():
                           timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--device cuda" in proc.stderr and "sees no CUDA device" in proc.stderr
-    assert "nox -s gpu" in proc.stderr and "use --device cpu" in proc.stderr
+    assert "gpu-suite" in proc.stderr and "use --device cpu" in proc.stderr
 
 
 # ---------------------------------------------------------------------- on a GPU

@@ -60,7 +60,8 @@ def require_gpu() -> None:
     if not torch.cuda.is_available():
         build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
         raise UsageError(f"--device cuda: torch {torch.__version__} ({build}) sees no CUDA device here; run it on a "
-                         "machine with a GPU and a CUDA build of torch (`nox -s gpu` does), or use --device cpu")
+                         "machine with a GPU and a CUDA build of torch (`syncbn-harness gpu-suite` does), or use "
+                         "--device cpu")
 
 
 @bench.command("run")

@@ -1,0 +1,49 @@
+"""``syncbn-harness gpu-suite``: everything CUDA, on this machine's GPU, packed into a few files."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from harness.commands import cli
+
+
+@cli.command("gpu-suite")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="gpu-suite", show_default=True,
+              help="Where the packed results go (at most six files; see docs/gpu-suite.md).")
+@click.option("--budget", type=click.IntRange(min=60), default=None, metavar="SECONDS",
+              help="The whole suite's time limit (default 420); each step has its own limit within it.")
+@click.option("--work", "work_dir", type=click.Path(file_okay=False), default=None,
+              help="Keep the unpacked work folder here (default: a temporary folder, removed once packed).")
+@click.option("--apex-src", type=click.Path(file_okay=False, exists=True), default=None, metavar="CHECKOUT",
+              help="An apex checkout from before NVIDIA/apex PR #1896: its syncbn extension is built and apex runs "
+                   "the layer cases too.")
+@click.option("--emulated", type=click.Path(file_okay=False, exists=True), default=None, metavar="STORE",
+              help="A store of torch's cpu-emulation records of the same cases (made on a CPU machine): the suite "
+                   "sets them against CUDA's, case by case.")
+@click.option("--repro", "repros", multiple=True, type=click.Path(dir_okay=False, exists=True), metavar="FILE",
+              help="A standalone repro file to run on the GPU (repeatable).")
+@click.option("--plan", "show_plan", is_flag=True, help="Print the steps for this machine and run nothing.")
+def gpu_suite(out_dir, budget, work_dir, apex_src, emulated, repros, show_plan):
+    """Build the CUDA kernels, test them, benchmark them, run the layer cases on CUDA (torch, reference, apex),
+    run standalone repros, set cpu-emulation against CUDA, write the report: all under one time budget.
+
+    Runs in the Python that holds a CUDA torch and installs nothing. Exit 0 when every step passed, 1 when one
+    failed or was not reached, 3 when the suite cannot run here (no GPU, a CPU-only torch, no nvcc).
+    """
+    from harness.gpu_suite import SuiteOptions, inputs, run_suite
+    from harness.gpu_suite.steps import DEFAULT_BUDGET_S, plan
+
+    opts = SuiteOptions(out=Path(out_dir), budget_s=float(budget or DEFAULT_BUDGET_S),
+                        work=Path(work_dir) if work_dir else None, apex_src=Path(apex_src) if apex_src else None,
+                        emulated=Path(emulated) if emulated else None, repros=tuple(Path(r) for r in repros))
+    if show_plan:
+        from harness.gpu_suite.machine import describe
+
+        for step in plan(inputs(opts, Path(work_dir or "<work>"), describe())):
+            when = "early, " if step.early else ""
+            click.echo(f"{step.name} ({when}at most {step.limit_s}s): {' '.join(step.argv)}")
+        return
+    sys.exit(run_suite(opts))

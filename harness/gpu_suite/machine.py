@@ -1,0 +1,76 @@
+"""The machine the GPU suite runs on, described once: GPUs, driver, torch, CUDA, compiler, CPUs.
+
+:func:`describe` reads torch (device count, names, compute capabilities,
+memory), ``nvidia-smi`` for the driver (absent where there is no driver),
+``nvcc --version`` for the toolkit that builds the kernels, and the
+interpreter. It never fails: a part that cannot be read is ``None``.
+:func:`cannot_run` says why the suite cannot run here (no GPU, no CUDA torch),
+naming the fix, or ``None``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from typing import Optional
+
+
+def _output(argv: list[str]) -> Optional[str]:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def describe() -> dict:
+    """What this machine has, as JSON-safe data."""
+    import torch
+
+    from harness.kernels.extension import find_cuda_home
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    gpus = []
+    for i in range(n):
+        p = torch.cuda.get_device_properties(i)
+        gpus.append({"name": p.name, "capability": f"{p.major}.{p.minor}",
+                     "memory_gib": round(p.total_memory / 2**30, 1), "multiprocessors": p.multi_processor_count})
+    smi = _output(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if shutil.which(
+        "nvidia-smi") else None
+    cuda_home = find_cuda_home()
+    nvcc = _output([str(cuda_home / "bin" / "nvcc"), "--version"]) if cuda_home else None
+    return {
+        "gpus": gpus,
+        "driver": smi.splitlines()[0].strip() if smi else None,
+        "torch": torch.__version__,
+        "torch_git": torch.version.git_version,
+        "torch_cuda": torch.version.cuda,
+        "nvcc": nvcc.splitlines()[-1].strip() if nvcc else None,
+        "cuda_home": str(cuda_home) if cuda_home else None,
+        "python": sys.version.split()[0],
+        "python_executable": sys.executable,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
+
+
+def archs(machine: dict) -> str:
+    """The GPUs' architectures as ``TORCH_CUDA_ARCH_LIST`` takes them (``"9.0"``)."""
+    return ";".join(sorted({g["capability"] for g in machine["gpus"]}))
+
+
+def cannot_run(machine: dict) -> Optional[str]:
+    """Why the GPU suite cannot run on this machine (naming the fix), or None."""
+    if not machine["torch_cuda"]:
+        return (f"torch {machine['torch']} is a CPU-only build: run the suite with a Python whose torch is a CUDA "
+                "build (`python -c 'import torch; print(torch.version.cuda)'` prints a version)")
+    if not machine["gpus"]:
+        return (f"torch {machine['torch']} (CUDA {machine['torch_cuda']}) sees no GPU: run the suite on a machine "
+                "with a GPU and its driver, with CUDA_VISIBLE_DEVICES unset or naming one")
+    if not machine["cuda_home"]:
+        return ("no CUDA toolkit found to build the kernels: set CUDA_HOME to its folder (the one holding bin/nvcc) "
+                "or put nvcc on PATH")
+    return None

@@ -1,0 +1,105 @@
+"""Running the suite's steps: outcomes, limits, early steps, a required failure, and stopping cleanly.
+
+Design: real child processes (``sh`` and Python), real process groups and real signals; no GPU is needed
+to check how steps are run, stopped and recorded, since a step is only a command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from harness.gpu_suite.runner import FAILED, NOT_RUN, PASSED, TIMED_OUT, run_steps
+from harness.gpu_suite.steps import REPORT_RESERVE_S, Step
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie waiting for a reaper does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def sh(name, script, limit=20, **kw):
+    return Step(name, ("sh", "-c", script), name.replace(" ", "-") + ".txt", limit, **kw)
+
+
+def test_each_outcome_is_recorded_and_the_report_still_runs(tmp_path):
+    steps = [sh("early", "sleep 1; echo built", early=True),
+             sh("json", "echo '{\"a\": 1}'; echo noise >&2", stdout="x.json"),
+             sh("slow", "sleep 60", limit=2),
+             sh("bad", "exit 3"),
+             sh("verdict", "exit 1", ok_exits=(0, 1)),
+             sh("report", "echo report", closing=True)]
+    lines = []
+    t0 = time.monotonic()
+    out = run_steps(steps, tmp_path, dict(os.environ), 300, header={"gpus": []}, echo=lines.append)
+    assert time.monotonic() - t0 < 30
+    got = {o.step: o.outcome for o in out}
+    assert got == {"early": PASSED, "json": PASSED, "slow": TIMED_OUT, "bad": FAILED, "verdict": PASSED,
+                   "report": PASSED}
+    assert json.loads((tmp_path / "x.json").read_text()) == {"a": 1}  # stdout alone; stderr went to the log
+    assert "noise" in (tmp_path / "logs" / "json.txt").read_text()
+    assert "stopped at its limit" in (tmp_path / "logs" / "slow.txt").read_text()
+    assert (tmp_path / "logs" / "early.txt").read_text() == "built\n"
+    recorded = json.loads((tmp_path / "steps.json").read_text())
+    assert [s["step"] for s in recorded["steps"]] == [s.name for s in steps] and recorded["gpus"] == []
+    assert any("slow: timed out" in line for line in lines)
+
+
+def test_a_required_failure_stops_all_but_the_report(tmp_path):
+    steps = [sh("build", "exit 2", required=True), sh("tests", "echo never"), sh("report", "true", closing=True)]
+    out = run_steps(steps, tmp_path, dict(os.environ), 300, header={}, echo=lambda _: None)
+    assert [(o.step, o.outcome) for o in out] == [("build", FAILED), ("tests", NOT_RUN), ("report", PASSED)]
+    assert not (tmp_path / "logs" / "tests.txt").exists()
+
+
+def test_a_spent_budget_leaves_steps_not_run_but_the_report(tmp_path):
+    steps = [sh("first", "sleep 60", limit=100), sh("second", "true"), sh("report", "true", closing=True)]
+    budget = REPORT_RESERVE_S + 13  # the first step gets 3 s, the second nothing
+    out = run_steps(steps, tmp_path, dict(os.environ), budget, header={}, echo=lambda _: None)
+    assert [(o.step, o.outcome) for o in out] == [("first", TIMED_OUT), ("second", NOT_RUN), ("report", PASSED)]
+
+
+def test_sigterm_to_the_suite_stops_the_step_and_its_children(tmp_path):
+    """The step's whole process group goes (a grandchild too), and steps.json says what ran before."""
+    pidfile = tmp_path / "pid"
+    code = textwrap.dedent(f"""
+        import os, signal, sys
+        from pathlib import Path
+        from harness.gpu_suite.runner import run_steps
+        from harness.gpu_suite.steps import Step
+        def stop(signum, frame):
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, stop)
+        steps = [Step("ok", ("true",), "ok.txt", 10),
+                 Step("hang", ("sh", "-c", "sleep 300 & echo $! > {pidfile}; wait"), "hang.txt", 300)]
+        try:
+            run_steps(steps, Path({str(tmp_path)!r}), dict(os.environ), 600, header={{}}, echo=print)
+        except KeyboardInterrupt:
+            sys.exit(130)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(300):
+            if pidfile.exists() and pidfile.read_text().strip():
+                break
+            time.sleep(0.1)
+        grandchild = int(pidfile.read_text())
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130, proc.stderr.read()
+    finally:
+        proc.kill()
+    for _ in range(50):
+        if not alive(grandchild):
+            break
+        time.sleep(0.1)
+    assert not alive(grandchild), "the step's child outlived the suite"
+    assert [s["step"] for s in json.loads((tmp_path / "steps.json").read_text())["steps"]] == ["ok"]
