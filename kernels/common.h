@@ -3,14 +3,40 @@
 //
 // Both backends include this header, so a check and its message are written once: a caller
 // error reads the same (and is a TORCH_CHECK, a c10::Error in Python) whichever device runs.
+//
+// Messages carry numbers and shapes as text made here (std::to_string), never through an
+// iostream's number formatting: on an H200 machine (torch 2.11.0+cu130, nvcc 13.0) formatting a
+// double into the message from the CUDA translation unit crashed the process (SIGSEGV inside
+// ostream::_M_insert<double>, which the nvcc-compiled code had instantiated in this library).
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <cstdint>
+#include <string>
 
 namespace syncbn_ref {
 namespace common {
+
+inline std::string text(int64_t v) {
+  return std::to_string(v);
+}
+
+// A count or other value: as an integer when it is one, else with six decimals.
+inline std::string text(double v) {
+  return std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9e15 ? std::to_string(static_cast<int64_t>(v))
+                                                                          : std::to_string(v);
+}
+
+// A shape as c10 prints one: [4, 3, 5].
+inline std::string text(at::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    out += (i ? ", " : "") + std::to_string(sizes[i]);
+  }
+  return out + "]";
+}
 
 // A dense tensor of N, C and spatial dims seen as [outer][C][inner]:
 //   contiguous:         outer = N,          inner = prod(spatial)
@@ -26,7 +52,7 @@ inline at::MemoryFormat format_of(const at::Tensor& t) {
 }
 
 inline View view_of(const at::Tensor& x, at::MemoryFormat fmt) {
-  TORCH_CHECK(x.dim() >= 2, "syncbn_ref: expected input with at least 2 dims (N, C, ...), got ", x.dim(), "-D");
+  TORCH_CHECK(x.dim() >= 2, "syncbn_ref: expected input with at least 2 dims (N, C, ...), got ", text(x.dim()), "-D");
   const int64_t n = x.size(0);
   const int64_t c = x.size(1);
   const int64_t spatial = c == 0 || n == 0 ? 0 : x.numel() / (n * c);
@@ -43,12 +69,12 @@ inline at::ScalarType acc_type_of(at::ScalarType t) {
 
 // A per-channel tensor (mean, invstd, weight, bias, running stats, sums) has C elements.
 inline void check_channels(int64_t numel, int64_t C, const char* name) {
-  TORCH_CHECK(numel == C, "syncbn_ref: ", name, " must have ", C, " elements (one per channel), got ", numel);
+  TORCH_CHECK(numel == C, "syncbn_ref: ", name, " must have ", text(C), " elements (one per channel), got ", text(numel));
 }
 
 inline void check_grad_shape(const at::Tensor& grad_out, const at::Tensor& input) {
-  TORCH_CHECK(grad_out.sizes() == input.sizes(), "syncbn_ref: grad_out shape ", grad_out.sizes(),
-              " differs from input shape ", input.sizes());
+  TORCH_CHECK(grad_out.sizes() == input.sizes(), "syncbn_ref: grad_out shape ", text(grad_out.sizes()),
+              " differs from input shape ", text(input.sizes()));
 }
 
 inline void check_stat_dtypes(const at::Tensor& mean, const at::Tensor& invstd) {
@@ -59,11 +85,11 @@ inline void check_stat_dtypes(const at::Tensor& mean, const at::Tensor& invstd) 
 // batch_norm_gather_stats_with_counts: [W, C] rows of mean and invstd, W counts. Returns W.
 inline int64_t check_gathered(const at::Tensor& mean, const at::Tensor& invstd, const at::Tensor& counts) {
   TORCH_CHECK(mean.dim() == 2 && invstd.sizes() == mean.sizes(),
-              "syncbn_ref: mean and invstd must be [world_size, C] of the same shape, got ", mean.sizes(), " and ",
-              invstd.sizes());
+              "syncbn_ref: mean and invstd must be [world_size, C] of the same shape, got ", text(mean.sizes()),
+              " and ", text(invstd.sizes()));
   const int64_t W = mean.size(0);
-  TORCH_CHECK(counts.numel() == W, "syncbn_ref: counts must have one entry per gathered row (", W, "), got ",
-              counts.numel());
+  TORCH_CHECK(counts.numel() == W, "syncbn_ref: counts must have one entry per gathered row (", text(W), "), got ",
+              text(counts.numel()));
   return W;
 }
 
@@ -71,13 +97,13 @@ inline int64_t check_gathered(const at::Tensor& mean, const at::Tensor& invstd, 
 inline void check_welford_rows(const at::Tensor& gathered) {
   TORCH_CHECK(gathered.dim() == 2 && gathered.size(1) % 2 == 1,
               "syncbn_ref: welford_merge expects [world_size, 2*C+1] rows from welford_stats, got ",
-              gathered.sizes());
+              text(gathered.sizes()));
   TORCH_CHECK(gathered.scalar_type() == at::kDouble, "syncbn_ref: welford_merge expects float64 rows, got ",
               gathered.scalar_type());
 }
 
 inline void check_total(double total) {
-  TORCH_CHECK(total > 0, "syncbn_ref: the global element count must be positive, got ", total);
+  TORCH_CHECK(total > 0, "syncbn_ref: the global element count must be positive, got ", text(total));
 }
 
 }  // namespace common

@@ -109,7 +109,8 @@ void check_same_device(const Tensor& t, const char* name, const Tensor& input) {
 
 // A grid dimension is an unsigned int; x may reach 2^31-1, y at most 65535.
 unsigned int grid_dim(int64_t blocks, int64_t limit, const char* what) {
-  TORCH_CHECK(blocks <= limit, "syncbn_ref: ", what, " needs ", blocks, " blocks, more than the CUDA limit ", limit);
+  TORCH_CHECK(blocks <= limit, "syncbn_ref: ", what, " needs ", common::text(blocks),
+              " blocks, more than the CUDA limit ", common::text(limit));
   return static_cast<unsigned int>(blocks);
 }
 

@@ -254,6 +254,24 @@ def test_device_errors_name_the_tensor(kernels):
                                           torch.zeros(2, dtype=torch.int32, device=DEV))
 
 
+def test_device_errors_carry_numbers_and_shapes(kernels):
+    """Messages with numbers and shapes raised from the CUDA translation unit, read back whole (formatting a
+    number there through an iostream once crashed the process on an H200: see kernels/common.h)."""
+    x = torch.randn(4, 3, 5, device=DEV)
+    mean, invstd = kernels.batch_norm_stats(x, EPS)
+    with pytest.raises(RuntimeError, match=r"mean must have 3 elements \(one per channel\), got 2"):
+        kernels.batch_norm_elemt(x, None, None, mean[:2], invstd, EPS)
+    with pytest.raises(RuntimeError, match=r"grad_out shape \[4, 3, 4\] differs from input shape \[4, 3, 5\]"):
+        kernels.batch_norm_backward_reduce(torch.randn(4, 3, 4, device=DEV), x, mean, invstd, None, True, False,
+                                           False)
+    with pytest.raises(RuntimeError, match=r"must be \[world_size, C\] of the same shape, got \[2, 3\] and \[1, 3\]"):
+        kernels.batch_norm_gather_stats_with_counts(x, mean[None].expand(2, 3), invstd[None], None, None, 0.1, EPS,
+                                                    torch.ones(2, device=DEV))
+    with pytest.raises(RuntimeError, match=r"global element count must be positive, got 0(?![.\d])"):
+        kernels.batch_norm_backward_elemt(x, x, mean, invstd, None, mean, mean,
+                                          torch.zeros(2, dtype=torch.int32, device=DEV))
+
+
 @pytest.mark.skipif(torch.cuda.device_count() == 1, reason="needs a second GPU (results must stay on the input's GPU)")
 def test_results_stay_on_the_inputs_gpu(kernels):
     x = torch.randn(4, 3, 5, 5, device="cuda:1")
