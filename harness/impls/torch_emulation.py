@@ -18,7 +18,11 @@ sum_dy_xmu), the int32 count tensor, the weight cast), and gloo itself.
 What is ours: the arithmetic of the five ATen ops (kernels/cpu), written to
 the CUDA kernels' contract: statistics in float for half/bfloat16 input,
 outputs in the input dtype and memory format. So a defect in CUDA arithmetic
-is not visible here, and a difference in our arithmetic is ours. Before any
+is not visible here, and a difference in our arithmetic is ours, with one
+exception measured on a GPU: CUDA's merge of gathered statistics forms its
+running count in the counts' dtype, which half and bfloat16 counts round
+(overflowing past 65,504 in half), and :mod:`harness.impls.cuda_gather` does
+the same there. Before any
 arithmetic, each emulated op refuses what CUDA's kernel refuses, raising CUDA's
 exception with CUDA's message (:mod:`harness.impls.cuda_contract`): our kernels
 read any dtype, so without that check torch would pass on CPU where it raises
@@ -66,7 +70,7 @@ from typing import Optional
 
 import torch
 
-from harness.impls import cuda_contract
+from harness.impls import cuda_contract, cuda_gather
 from harness.kernels import extension
 from harness.errors import ImplUnavailable, KernelBuildError
 from harness.paths import TORCH_PATH, setting
@@ -122,6 +126,9 @@ def _kernel(op: str):
         if verdict is not None and verdict.refusal is not None:
             raise verdict.refusal.exception()  # what CUDA raises for a combination its kernel refuses
         if op == "batch_norm_gather_stats_with_counts":
+            if cuda_gather.needed(a["counts"]):  # CUDA's merge rounds the running count to the counts' dtype
+                return cuda_gather.merge(a["mean"], a["invstd"], a["running_mean"], a["running_var"], a["momentum"],
+                                         a["eps"], a["counts"])
             return ours(a["input"], a["mean"], a["invstd"], a["running_mean"], a["running_var"], a["momentum"],
                         a["eps"], a["counts"])
         if op == "batch_norm_backward_reduce":
