@@ -111,7 +111,9 @@ class ApexImpl(Impl):
     """``apex.parallel.SyncBatchNorm`` as apex exports it here (fallback or optimized)."""
 
     def repro_binding(self) -> dict:
-        return {"library": "apex", "code": "from apex.parallel import SyncBatchNorm", "on_cuda": False}
+        # The optimized extension's kernels are CUDA kernels: its file runs on a GPU (the fallback's on CPU).
+        return {"library": "apex", "code": "from apex.parallel import SyncBatchNorm", "on_cuda": False,
+                "cuda_only": probe().kind == "optimized"}
 
     @property
     def capabilities(self) -> Capabilities:  # type: ignore[override]

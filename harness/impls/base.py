@@ -73,7 +73,8 @@ class Impl(abc.ABC):
 
         ``{"library": the package a maintainer installs, "code": lines that bind ``SyncBatchNorm`` to a callable
         with torch.nn.SyncBatchNorm's constructor, "on_cuda": whether it is torch's layer (CUDA when there is
-        one, else the file's CPU stand-ins for torch's CUDA ops)}``.
+        one, else the file's CPU stand-ins for torch's CUDA ops), optionally "cuda_only": whether its kernels
+        exist on CUDA only (the file then needs a GPU)}``.
         """
         return None
 

@@ -69,11 +69,20 @@ def find_case(case_id: str) -> Case:
 
 
 def observe(case: Case, impl_name: str, device: str, timeout: float = 300.0):
-    """Run the case once with the harness and return its record."""
+    """Run the case once with the harness and return its record.
+
+    On CUDA the ranks use nccl when there is a GPU per rank, else gloo (ranks share the GPUs; gloo carries CUDA
+    tensors), as the short file itself does, so that a case is observed on any number of GPUs.
+    """
     from harness.engine.session import RunOptions, resolve_impls, run_selection
 
-    return next(iter(run_selection([case], resolve_impls([impl_name]), RunOptions(device=device, timeout=timeout,
-                                                                                  diagnose=False))))
+    backend = None
+    if device == "cuda":
+        import torch
+
+        backend = "nccl" if torch.cuda.device_count() >= case.world_size else "gloo"
+    opts = RunOptions(device=device, backend=backend, timeout=timeout, diagnose=False)
+    return next(iter(run_selection([case], resolve_impls([impl_name]), opts)))
 
 
 def seen_line(record, case: Case) -> str:

@@ -60,6 +60,7 @@ class Target:
     library: str  # the top-level package a maintainer installs
     import_line: str
     on_cuda: bool  # torch's layer: CUDA when there is one, else the CPU stand-ins
+    cuda_only: bool = False  # kernels that exist on CUDA only (apex's optimized extension): the file needs a GPU
 
     @classmethod
     def of(cls, impl) -> Optional["Target"]:
@@ -67,7 +68,8 @@ class Target:
         binding = impl.repro_binding()
         if binding is None:
             return None
-        return cls(impl.name, binding["library"], binding["code"], binding["on_cuda"])
+        return cls(impl.name, binding["library"], binding["code"], binding["on_cuda"],
+                   binding.get("cuda_only", False))
 
 
 def unexpressible(case: Case, impl) -> Optional[str]:
@@ -127,7 +129,7 @@ def source(case: Case, target: Target, symptom: Symptom, *, seen: str, title: st
         fmt=fmt[case.memory_format], gfmt=fmt[case.grad_memory_format or case.memory_format],
         input_mean=case.input_mean, input_scale=case.input_scale, constant=list(case.constant_channels),
         symptom=symptom)
-    body = text.render(values, cuda=target.on_cuda)
+    body = text.render(values, cuda=target.on_cuda or target.cuda_only, stand_ins=target.on_cuda)
     compile(body, "repro.py", "exec")
     return body
 

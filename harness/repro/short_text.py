@@ -210,6 +210,8 @@ CUDA_DEVICE = r"""    if DEVICE == "cuda":
     else:
         stand_in_cuda_ops()
 """
+CUDA_ONLY_DEVICE = r"""    torch.cuda.set_device(rank % torch.cuda.device_count())
+"""
 
 CPU_STAND_INS = r'''
 
@@ -231,12 +233,15 @@ def stand_in_cuda_ops():
         for name, v, want in (("mean", mean, acc(t)), ("invstd", invstd, acc(t)), ("counts", counts, t)):
             if v.dtype != want:
                 raise RuntimeError(f"Expected {name} to have type {c10[want]} but got {c10[v.dtype]}")
-        n = counts.to(mean.dtype).view(-1, 1)
-        m = (n * mean).sum(0) / n.sum()
-        var = (n * (invstd**-2 - eps + (mean - m) ** 2)).sum(0) / n.sum()
+        m, var_n, n = torch.zeros_like(mean[0]), torch.zeros_like(mean[0]), 0.0  # merged rank by rank, as CUDA
+        for j, cnt in enumerate(counts):  # does, n + count in the counts' dtype (float16: inf past 65,504)
+            f = (torch.tensor(n, dtype=counts.dtype) + cnt).to(mean.dtype).reciprocal()
+            var_n = var_n + (invstd[j] ** -2 - eps + (m - mean[j]) ** 2 * n * f) * float(cnt)
+            m, n = n * f * m + float(cnt) * f * mean[j], n + float(cnt)
+        var = var_n / n
         if rm is not None:
             rm.mul_(1 - momentum).add_((m * momentum).to(rm.dtype))
-            rv.mul_(1 - momentum).add_((var * n.sum() / (n.sum() - 1) * momentum).to(rv.dtype))
+            rv.mul_(1 - momentum).add_((var * n / (n - 1) * momentum).to(rv.dtype))
         return m, (var + eps).rsqrt()
 
     def elemt(x, w, b, mean, invstd, eps):
@@ -263,7 +268,8 @@ def stand_in_cuda_ops():
 def story(case: Case, target, symptom) -> str:
     """The docstring's paragraph: who runs what on which data, compared with what."""
     sizes = ", ".join(str(s) for s in case.batch_sizes)
-    where = "on CUDA (see below without a GPU)" if target.on_cuda else "(gloo, CPU)"
+    where = ("on CUDA (see below without a GPU)" if target.on_cuda else "on CUDA" if target.cuda_only
+             else "(gloo, CPU)")
     extras = [w for ok, w in [(case.memory_format != "contiguous", case.memory_format),
                               (case.momentum is None, "momentum=None"), (not case.affine, "affine=False"),
                               (not case.track_running_stats, "track_running_stats=False"),
@@ -325,17 +331,19 @@ def check_block(sym) -> str:
         "@@SHOWN@@", shown.replace("@@DTYPE@@", dtype))
 
 
-def render(v: dict, *, cuda: bool) -> str:
-    """The whole file (see the module docstring)."""
+def render(v: dict, *, cuda: bool, stand_ins: bool = True) -> str:
+    """The whole file (see the module docstring); ``cuda`` without ``stand_ins``: a GPU is needed."""
     sym = v["symptom"]
-    device = '"cuda" if torch.cuda.is_available() else "cpu"' if cuda else '"cpu"'
+    device = ('"cuda" if torch.cuda.is_available() else "cpu"' if stand_ins else '"cuda"') if cuda else '"cpu"'
     backend = ('"nccl" if DEVICE == "cuda" and torch.cuda.device_count() >= len(SPATIAL) else "gloo"'
                if cuda else '"gloo"')
     needs = "torch" if v["library"] == "torch" else f"torch and {v['library']}"
+    needs = f"{needs} and a GPU ({v['library']}'s kernels here are CUDA kernels)" if cuda and not stand_ins else needs
     doc = [f'"""{v["title"].rstrip(".")}.', "", v["story"], "",
            *textwrap.wrap(f"Seen: {v['seen'].rstrip('.')}.", 100, break_on_hyphens=False),
-           f"Needs only {needs}. Exit 1: the symptom shows; 0: it does not (fixed); 2: something else failed."]
-    if cuda:
+           *textwrap.wrap(f"Needs only {needs}. Exit 1: the symptom shows; 0: it does not (fixed); 2: something "
+                          "else failed.", 100, break_on_hyphens=False)]
+    if cuda and stand_ins:
         doc += ["Without a GPU, torch's SyncBatchNorm runs over plain-torch CPU stand-ins for its five CUDA ops",
                 "(stand_in_cuda_ops below): a symptom seen that way lives in torch's Python code."]
     quantity = sym.quantity or "output"
@@ -348,14 +356,14 @@ def render(v: dict, *, cuda: bool) -> str:
     if quantity in ("grad_weight", "grad_bias"):
         parts.append(TOTAL)
     parts.append(check_block(sym))
-    if cuda:
+    if cuda and stand_ins:
         parts.append(CPU_STAND_INS)
     fmt, steps = v["fmt"] or v["gfmt"], v["steps"]
     nograd = "nograd" in steps
     if nograd:
         parts[2] = "import contextlib\n" + parts[2]
     own = not v["layer"]["track_running_stats"] and any(k not in ("train", "nograd") for k in steps)
-    parts += [RANK.replace("@@DEVICE@@", CUDA_DEVICE if cuda else "")
+    parts += [RANK.replace("@@DEVICE@@", (CUDA_DEVICE if stand_ins else CUDA_ONLY_DEVICE) if cuda else "")
               .replace("@@RANK0@@", RANK0 if "eval-rank0" in steps else "")
               .replace("@@FORWARD@@", FORWARD_NOGRAD if nograd else FORWARD)
               .replace("@@TOGETHER@@", TOGETHER_OWN if own else TOGETHER)
