@@ -26,7 +26,10 @@ from harness.commands import cli
 @click.option("--repro", "repros", multiple=True, type=click.Path(dir_okay=False, exists=True), metavar="FILE",
               help="A standalone repro file to run on the GPU (repeatable).")
 @click.option("--plan", "show_plan", is_flag=True, help="Print the steps for this machine and run nothing.")
-def gpu_suite(out_dir, budget, work_dir, apex_src, emulated, repros, show_plan):
+@click.option("--prepare-emulated", type=click.Path(file_okay=False), default=None, metavar="STORE",
+              help="On a CPU machine, instead of the suite: run the suite's layer cases for torch (cpu-emulation) "
+                   "and the reference into STORE, to carry to the GPU machine for --emulated.")
+def gpu_suite(out_dir, budget, work_dir, apex_src, emulated, repros, show_plan, prepare_emulated):
     """Build the CUDA kernels, test them, benchmark them, run the layer cases on CUDA (torch, reference, apex),
     run standalone repros, set cpu-emulation against CUDA, write the report: all under one time budget.
 
@@ -39,6 +42,14 @@ def gpu_suite(out_dir, budget, work_dir, apex_src, emulated, repros, show_plan):
     opts = SuiteOptions(out=Path(out_dir), budget_s=float(budget or DEFAULT_BUDGET_S),
                         work=Path(work_dir) if work_dir else None, apex_src=Path(apex_src) if apex_src else None,
                         emulated=Path(emulated) if emulated else None, repros=tuple(Path(r) for r in repros))
+    if prepare_emulated:
+        import subprocess
+
+        from harness.gpu_suite.steps import layer_selection
+
+        argv = [sys.executable, "-m", "harness", "run", "--device", "cpu", "--backend", "gloo", "--impl", "torch",
+                "--impl", "reference", "--no-diagnose", "--store", prepare_emulated, *layer_selection()]
+        sys.exit(subprocess.call(argv))
     if show_plan:
         from harness.gpu_suite.machine import describe
 

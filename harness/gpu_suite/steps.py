@@ -23,10 +23,15 @@ REPORT_RESERVE_S = 30  # kept back from every other step, so that the report is 
 KILL_AFTER_S = 10  # SIGKILL this long after SIGTERM (harness commands reap their ranks on SIGTERM)
 DEFAULT_BUDGET_S = 420
 CASE_TIMEOUT_S = 30  # per case on the GPU: a hang costs this, once (no diagnosis re-run)
-# The layer cases of the default selection, less compile (inductor's CUDA compiles take minutes per case).
-LAYER_SELECTION = ("--scenario", "layer", "--case", "allgather-shape/*", "--case", "training-loop/*",
-                   "--case", "mixed-precision/*", "--case", "module-config/*", "--case", "channels-last/*",
-                   "--case", "numerics/*", "--case", "process-group/*", "--case", "scale/*", "--case", "search/*")
+SLOW_ON_GPU = ("compile",)  # inductor's CUDA compiles take minutes per case: outside the suite's budget
+
+
+def layer_selection() -> tuple[str, ...]:
+    """The selection flags for the default selection's layer cases, less the families too slow for the budget."""
+    from harness import catalog
+
+    families = sorted({c.family for c in catalog.select(scenarios=["layer"])} - set(SLOW_ON_GPU))
+    return ("--scenario", "layer", *(arg for f in families for arg in ("--case", f"{f}/*")))
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,7 @@ def plan(i: Inputs) -> list[Step]:
     """The steps, in the order they run (``early`` ones start with the first)."""
     harness = (i.python, "-m", "harness")
     results, report = str(i.work / "results"), str(i.work / "report")
+    layers = layer_selection()
     run = (*harness, "run", "--device", "cuda", "--store", results, "--timeout", str(CASE_TIMEOUT_S),
            "--no-diagnose")
     steps = [Step("build-kernels", (*harness, "build-kernels", "--cuda", "--cuda-arch", i.arch), "build-kernels.txt",
@@ -86,16 +92,16 @@ def plan(i: Inputs) -> list[Step]:
     steps.append(Step("bench kernels", (*harness, "bench", "kernels", "--device", "cuda", "--format", "json"),
                       "bench-kernels.txt", 90, stdout="bench.json"))
     steps.append(Step("layer cases, gloo", (*run, "--backend", "gloo", "--impl", "torch", "--impl", "reference",
-                                            *LAYER_SELECTION), "run-gloo.txt", 200))
+                                            *layers), "run-gloo.txt", 200))
     if i.apex_src:
-        steps.append(Step("layer cases, gloo, apex", (*run, "--backend", "gloo", "--impl", "apex", *LAYER_SELECTION),
+        steps.append(Step("layer cases, gloo, apex", (*run, "--backend", "gloo", "--impl", "apex", *layers),
                           "run-apex.txt", 120, env={"PYTHONPATH": i.apex_pythonpath or ""}))
     for repro in i.repros:
         steps.append(Step(f"repro {repro.name}", (i.python, str(repro)), f"repro-{repro.stem}.txt", 60,
                           ok_exits=(0, 1)))
     if i.gpus >= 2:
         steps.append(Step("layer cases, nccl", (*run, "--backend", "nccl", "--impl", "torch", "--impl", "reference",
-                                                *LAYER_SELECTION), "run-nccl.txt", 180))
+                                                *layers), "run-nccl.txt", 180))
         steps.append(Step("cuda-graph family, nccl", (*run, "--backend", "nccl", "--exhaustive", "--case",
                                                       "cuda-graph/*"), "run-cuda-graph.txt", 120))
     if i.emulated:

@@ -89,3 +89,14 @@ def test_nox_gpu_fails_where_the_suite_cannot_run(tmp_path):
     assert "exit code 3" in text
     packed = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert {"console.txt", "machine.json", "summary.md", "suite.tar.gz"} <= set(packed), packed
+
+
+def test_the_layer_cases_are_every_default_layer_family_but_compile():
+    from harness import catalog
+    from harness.gpu_suite.steps import layer_selection
+
+    flags = layer_selection()
+    families = {flags[i + 1].split("/")[0] for i, f in enumerate(flags) if f == "--case"}
+    assert families == {c.family for c in catalog.select(scenarios=["layer"])} - {"compile"}
+    chosen = catalog.select([flags[i + 1] for i, f in enumerate(flags) if f == "--case"], scenarios=["layer"])
+    assert chosen and all(c.scenario == "layer" and c.family != "compile" for c in chosen)
