@@ -27,9 +27,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
-    """ruff over the package, cases and tests."""
+    """ruff over the package, cases and tests (the repro templates' lines hold placeholders, so their length is
+    the rendered file's business: tests/repro checks that)."""
     session.install("ruff")
-    session.run("ruff", "check", "--select", "E,F,W,B", "--line-length", "120", "harness", "cases", "kernels",
+    session.run("ruff", "check", "--select", "E,F,W,B", "--line-length", "120",
+                "--per-file-ignores", "harness/repro/short_text.py:E501", "harness", "cases", "kernels",
                 "tests", "noxfile.py", "setup.py")
 
 

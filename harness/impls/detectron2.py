@@ -111,7 +111,8 @@ class Detectron2Impl(Impl):
                 "                  process_group=None):\n"
                 "    assert process_group is None, 'NaiveSyncBatchNorm reduces over the default group'\n"
                 "    return NaiveSyncBatchNorm(num_features, eps=eps, momentum=momentum, affine=affine,\n"
-                f"                              track_running_stats=track_running_stats, stats_mode={self.stats_mode!r})")
+                "                              track_running_stats=track_running_stats, "
+                f"stats_mode={self.stats_mode!r})")
         return {"library": module.split(".")[0].replace("_", "-"), "code": code, "on_cuda": False}
 
     def unsupported_reason(self, case: Case, device: str) -> Optional[str]:

@@ -66,7 +66,7 @@ class PluginImpl(Impl):
         return {"library": self.module_name.split(".")[0], "code": line, "on_cuda": False}
 
     def version(self) -> Optional[str]:
-        """The module's ``__version__``, else its top-level package's (``fairscale`` for ``fairscale.experimental.nn``)."""
+        """The module's ``__version__``, else its top-level package's (fairscale's for fairscale.experimental.nn)."""
         mod = importlib.import_module(self.module_name)
         top = importlib.import_module(self.module_name.split(".")[0])
         return getattr(mod, "__version__", None) or getattr(top, "__version__", None)

@@ -328,7 +328,8 @@ def test_a_run_prints_within_100_columns_and_leaks_no_semaphore(tmp_path):
                    "--case", "mixed-precision/empty-rank/*", "--case", "channels-last/uneven/*", "--device", "cpu",
                    "--store", str(tmp_path / "s"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "known issues (" in proc.stdout and not any(ln.startswith("  crash (known)") for ln in proc.stdout.splitlines())
+    lines = proc.stdout.splitlines()
+    assert "known issues (" in proc.stdout and not any(ln.startswith("  crash (known)") for ln in lines)
     assert all(len(ln) <= 100 for ln in proc.stdout.splitlines()), proc.stdout
     assert "leaked semaphore" not in proc.stderr and "resource_tracker" not in proc.stderr, proc.stderr[-2000:]
 

@@ -88,7 +88,8 @@ def test_converters_run_only_the_converting_cases_of_the_whole_world(name):
     assert "takes no process group" in impl.unsupported_reason(resume, "cpu")
     revert = catalog.select(["conversion/checkpoint-revert/config/float32/ws2"])[0]
     assert impl.unsupported_reason(revert, "cpu") is None
-    nested, subgroups = catalog.select(["process-group/convert-nested/ws2", "process-group/convert-nested-subgroup/ws4"])
+    nested, subgroups = catalog.select(["process-group/convert-nested/ws2",
+                                        "process-group/convert-nested-subgroup/ws4"])
     assert impl.unsupported_reason(nested, "cpu") is None  # a layer case whose layer comes from a converted model
     assert "takes no process group" in impl.unsupported_reason(subgroups, "cpu")
 
@@ -124,7 +125,7 @@ def test_timm_layer_leaves_conversion_to_the_timm_adapter():
 @pytest.mark.slow
 @pytest.mark.skipif(bool(_d2_reason()), reason=_d2_reason())
 def test_real_detectron2_through_the_engine():
-    """NaiveSyncBatchNorm's output and gradients are right; its running_var is biased and num_batches_tracked stays 0."""
+    """NaiveSyncBatchNorm's output and gradients are right; its running_var is biased, num_batches_tracked stays 0."""
     from harness.results.records import Status
 
     even, uneven = ("allgather-shape/even-4-4/float32-float32/contiguous/ws2",
