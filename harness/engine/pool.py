@@ -14,9 +14,12 @@ stacks dumped (faulthandler on SIGUSR1, into their logs); the collectives a
 rank without an answer had issued are read from the file it writes them to
 before issuing each (``rank<r>.calls`` beside its log); and
 :func:`harness.engine.attribution.attribute` decides who is to blame. After
-any failure the pool is torn down (every child killed and reaped): a rank
-left inside a collective cannot take another task. The next task starts a
-fresh pool.
+a failure the pool is torn down (every child killed and reaped): a rank
+left inside a collective cannot take another task, and the next task starts
+a fresh pool. The exception: a failure that provably left nothing in flight
+(every rank answered and caught its own exception, and their collectives
+match; :mod:`harness.engine.reuse`) keeps the pool, whose next task runs as
+on a fresh one.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from harness.engine.forkserver import start_context
 from harness.engine.attribution import Observation, attribute, describe_exit
 from harness.engine.collectives import read_sink
 from harness.engine.messages import RankResult, Task, TaskOutcome
+from harness.engine.reuse import reusable
 from harness.engine.rank import START_TIMEOUT_S, calls_path, rank_main, timedelta
 from harness.errors import HarnessError
 from harness.results.records import RankStatus, Status
@@ -72,6 +76,7 @@ class Pool:
         self.start_method = start_method
         self.env = dict(env or {})
         self.keep_failure_logs = keep_failure_logs
+        self.reused_after_failure = 0  # failed tasks after which the ranks were kept (harness.engine.reuse)
         self.procs: list = []
         self.conns: list = []
         self.logdir: Optional[Path] = None
@@ -220,8 +225,11 @@ class Pool:
         status, outcomes = attribute(list(observations.values()), failed_first=first_failure is not None,
                                      timeout=timeout)
         kept = None
-        if status in (Status.ERROR, Status.CRASH, Status.HANG) or any(
-                o.status in (RankStatus.ERROR, RankStatus.CRASH, RankStatus.PEER_FAILED) for o in outcomes):
+        failed = status in (Status.ERROR, Status.CRASH, Status.HANG) or any(
+            o.status in (RankStatus.ERROR, RankStatus.CRASH, RankStatus.PEER_FAILED) for o in outcomes)
+        if failed and reusable(task.case, observations.values(), [o.status for o in outcomes]):
+            self.reused_after_failure += 1  # every rank caught its own exception; nothing is left in flight
+        elif failed:
             self.kill(keep_logs=True)  # a rank may be inside a collective: no task can follow on this group
             kept = self._keep_logs(f"ws{self.world_size}")
         return TaskOutcome(status=status, ranks=outcomes, results=[observations[r].result for r in range(n)],

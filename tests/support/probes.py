@@ -34,6 +34,21 @@ class RaiseOnRank1(_Probe):
         raise RuntimeError("planted failure on rank 1")
 
 
+class RaiseOnEveryRank(SyncBatchNorm):
+    """Raises on every rank before any collective: a failure that leaves nothing in flight."""
+
+    def forward(self, input):
+        raise ValueError("planted failure on every rank, before any collective")
+
+
+class RaiseOnEveryRankAfterForward(SyncBatchNorm):
+    """Runs the reference forward (its collectives complete on every rank), then raises on every rank."""
+
+    def forward(self, input):
+        super().forward(input)
+        raise ValueError("planted failure on every rank, after the forward's collectives")
+
+
 class SegfaultOnRank1(_Probe):
     def misbehave(self, input):
         os.kill(os.getpid(), signal.SIGSEGV)
