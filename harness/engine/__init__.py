@@ -7,6 +7,7 @@
 - :mod:`~harness.engine.logs`: rank logs kept (bounded) for failing cases only;
 - :mod:`~harness.engine.rank`: the rank side (the process loop, the per-process context, one task);
 - :mod:`~harness.engine.attribution`: every rank's outcome of a task, and the case's status;
+- :mod:`~harness.engine.reuse`: whether a pool can take the next task after a failure;
 - :mod:`~harness.engine.assemble`: the one path from rank outcomes to a record;
 - :mod:`~harness.engine.torchrun`: the same rank code as one rank of a torchrun job;
 - :mod:`~harness.engine.torchrun_protocol`: the keys a torchrun job's ranks exchange, and its heartbeats;

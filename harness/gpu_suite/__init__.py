@@ -98,7 +98,7 @@ def run_suite(opts: SuiteOptions) -> int:
         machine = machine_mod.describe()
         gpus = ", ".join(g["name"] for g in machine["gpus"]) or "no GPU"
         echo(f"[gpu-suite] {date}: {gpus}; torch {machine['torch']} (CUDA {machine['torch_cuda']}); "
-             f"{machine['nvcc']}; budget {opts.budget_s:.0f}s")
+             f"budget {opts.budget_s:.0f}s; each step's command and log: steps.json, suite.tar.gz")
         reason = machine_mod.cannot_run(machine)
         if reason:
             echo(f"[gpu-suite] cannot run here: {reason}")

@@ -144,7 +144,7 @@ def run_steps(steps: list[Step], work: Path, env: dict, budget_s: float, *, head
                 if not limit:
                     record(Outcome(step.name, NOT_RUN, None, 0.0, 0, step.log, list(step.argv)))
                     continue
-                echo(f"[gpu-suite] {step.name}: {' '.join(step.argv)}")
+                echo(f"[gpu-suite] {step.name}: started (at most {limit}s)")
                 child = _Child(step, work, env, limit, cwd)
             current[:] = [child]
             outcome = child.wait()

@@ -8,6 +8,8 @@
 - :mod:`~harness.results.diff`: what changed between two builds;
 - :mod:`~harness.results.gate`: the CI verdict against a baseline;
 - :mod:`~harness.results.report`: HTML, Markdown and CSV over the store;
+- :mod:`~harness.results.severity`: a failure's severity and reach;
+- :mod:`~harness.results.fidelity`: records made on CPU (cpu-emulation) set against CUDA's, case by case;
 - :mod:`~harness.results.console`, :mod:`~harness.results.progress`, :mod:`~harness.results.junit`: what a
   run prints for people, draws on a terminal, and writes for CI systems.
 """
