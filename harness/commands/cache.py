@@ -9,7 +9,8 @@ import click
 from harness.commands import cli
 from harness.results.console import format_size
 
-KIND_NAMES = ("kernels", "environments", "overlays", "compile", "bisect", "logs", "torchrun", "indexes", "uv")
+KIND_NAMES = ("kernels", "environments", "overlays", "compile", "bisect", "logs", "torchrun", "indexes", "uv",
+              "apex")
 
 
 def _when(t: float) -> str:
