@@ -56,3 +56,22 @@ def test_what_the_short_form_cannot_state_says_so():
         symptom_of(record(metrics={"collectives.eval": Metric.failure("eval issued an all_gather")}))
     with pytest.raises(NoSymptom, match="no failure"):
         symptom_of(record(Status.PASS))
+
+
+def test_a_cuda_only_library_gets_a_file_that_needs_a_gpu_and_no_stand_ins():
+    """apex's optimized extension runs CUDA kernels only: its file runs on the GPU, without torch's stand-ins."""
+    from harness import catalog
+    from harness.repro.short import Target, source
+
+    [case] = catalog.select(["allgather-shape/empty-0-5/float16-float32/contiguous/ws2"])
+    crash = Symptom("crash", signal="SIGFPE")
+    apex = source(case, Target("apex", "apex", "from apex.parallel import SyncBatchNorm", on_cuda=False,
+                               cuda_only=True), crash, seen="crash on a GPU")
+    assert 'DEVICE = "cuda"\n' in apex and "stand_in_cuda_ops" not in apex
+    assert "and a GPU" in apex and "torch.cuda.set_device" in apex
+    torch_file = source(case, Target("torch", "torch", "from torch.nn import SyncBatchNorm", on_cuda=True), crash,
+                        seen="crash")
+    assert 'DEVICE = "cuda" if torch.cuda.is_available() else "cpu"' in torch_file
+    assert "def stand_in_cuda_ops" in torch_file
+    cpu_file = source(case, Target("x", "x", "from x import SyncBatchNorm", on_cuda=False), crash, seen="crash")
+    assert 'DEVICE = "cpu"' in cpu_file and "cuda" not in cpu_file.split("BACKEND =")[1].split("\n")[0]
