@@ -27,8 +27,8 @@ from harness.commands import cli
               help="A standalone repro file to run on the GPU (repeatable).")
 @click.option("--plan", "show_plan", is_flag=True, help="Print the steps for this machine and run nothing.")
 @click.option("--prepare-emulated", type=click.Path(file_okay=False), default=None, metavar="STORE",
-              help="On a CPU machine, instead of the suite: run the suite's layer cases for torch (cpu-emulation) "
-                   "and the reference into STORE, to carry to the GPU machine for --emulated.")
+              help="On a CPU machine, instead of the suite: run the suite's layer and training-system cases for "
+                   "torch (cpu-emulation) and the reference into STORE, to carry to the GPU machine for --emulated.")
 def gpu_suite(out_dir, budget, work_dir, apex_src, emulated, repros, show_plan, prepare_emulated):
     """Build the CUDA kernels, test them, benchmark them, run the layer cases on CUDA (torch, reference, apex),
     run standalone repros, set cpu-emulation against CUDA, write the report: all under one time budget.
@@ -45,11 +45,12 @@ def gpu_suite(out_dir, budget, work_dir, apex_src, emulated, repros, show_plan, 
     if prepare_emulated:
         import subprocess
 
-        from harness.gpu_suite.steps import layer_selection
+        from harness.gpu_suite.steps import layer_selection, system_selection
 
         argv = [sys.executable, "-m", "harness", "run", "--device", "cpu", "--backend", "gloo", "--impl", "torch",
-                "--impl", "reference", "--no-diagnose", "--store", prepare_emulated, *layer_selection()]
-        sys.exit(subprocess.call(argv))
+                "--impl", "reference", "--no-diagnose", "--store", prepare_emulated]
+        codes = [subprocess.call(argv + list(flags)) for flags in (layer_selection(), system_selection())]
+        sys.exit(max(codes))
     if show_plan:
         from harness.gpu_suite.machine import describe
 

@@ -6,6 +6,7 @@ required step: nothing after it can work without them), the CUDA kernel tests,
 the CUDA kernel benchmark, the layer cases on CUDA for torch (native kernels)
 and the reference, apex's optimized SyncBatchNorm (built from the user's
 checkout, its build started with the first step since it needs no GPU), the
+training-system cases (DDP, training loops, conversion) on CUDA, the
 standalone repros, the fidelity table and the report. nccl and the CUDA-graph
 family need a GPU per rank, so they are planned only with two or more GPUs.
 
@@ -24,6 +25,18 @@ KILL_AFTER_S = 10  # SIGKILL this long after SIGTERM (harness commands reap thei
 DEFAULT_BUDGET_S = 420
 CASE_TIMEOUT_S = 30  # per case on the GPU: a hang costs this, once (no diagnosis re-run)
 SLOW_ON_GPU = ("compile",)  # inductor's CUDA compiles take minutes per case: outside the suite's budget
+
+
+def system_selection() -> tuple[str, ...]:
+    """The selection flags for the default selection's training-system cases (DDP, training loops, conversion,
+    checkpoints), less the families too slow for the budget."""
+    from harness import catalog
+
+    cases = [c for c in catalog.select() if c.scenario != "layer" and c.family not in SLOW_ON_GPU]
+    scenarios = sorted({c.scenario for c in cases})
+    families = sorted({c.family for c in cases})
+    return (*(arg for sc in scenarios for arg in ("--scenario", sc)),
+            *(arg for f in families for arg in ("--case", f"{f}/*")))
 
 
 def layer_selection() -> tuple[str, ...]:
@@ -96,6 +109,8 @@ def plan(i: Inputs) -> list[Step]:
     if i.apex_src:
         steps.append(Step("layer cases, gloo, apex", (*run, "--backend", "gloo", "--impl", "apex", *layers),
                           "run-apex.txt", 120, env={"PYTHONPATH": i.apex_pythonpath or ""}))
+    steps.append(Step("training systems, gloo", (*run, "--backend", "gloo", "--impl", "torch", "--impl",
+                                                 "reference", *system_selection()), "run-systems.txt", 150))
     for repro in i.repros:
         steps.append(Step(f"repro {repro.name}", (i.python, str(repro)), f"repro-{repro.stem}.txt", 60,
                           ok_exits=(0, 1)))

@@ -30,7 +30,8 @@ def test_the_steps_come_in_order_of_value(tmp_path):
                         repros=(tmp_path / "r1.py", tmp_path / "r2.py")))
     names = [s.name for s in steps]
     assert names == ["build-kernels", "build-apex", "pytest -m cuda", "bench kernels", "layer cases, gloo",
-                     "layer cases, gloo, apex", "repro r1.py", "repro r2.py", "fidelity", "report"]
+                     "layer cases, gloo, apex", "training systems, gloo", "repro r1.py", "repro r2.py", "fidelity",
+                     "report"]
     by = {s.name: s for s in steps}
     assert by["build-kernels"].required and by["build-kernels"].argv[-2:] == ("--cuda-arch", "9.0")
     assert by["build-apex"].early  # needs no GPU: it compiles while the reference kernels do
@@ -100,3 +101,15 @@ def test_the_layer_cases_are_every_default_layer_family_but_compile():
     assert families == {c.family for c in catalog.select(scenarios=["layer"])} - {"compile"}
     chosen = catalog.select([flags[i + 1] for i, f in enumerate(flags) if f == "--case"], scenarios=["layer"])
     assert chosen and all(c.scenario == "layer" and c.family != "compile" for c in chosen)
+
+
+def test_the_training_systems_are_every_default_non_layer_family_but_compile():
+    from harness import catalog
+    from harness.gpu_suite.steps import system_selection
+
+    flags = system_selection()
+    cases = [flags[i + 1] for i, f in enumerate(flags) if f == "--case"]
+    scenarios = [flags[i + 1] for i, f in enumerate(flags) if f == "--scenario"]
+    chosen = catalog.select(cases, scenarios=scenarios)
+    want = [c for c in catalog.select() if c.scenario != "layer" and c.family != "compile"]
+    assert {c.id for c in chosen} == {c.id for c in want} and want
