@@ -32,13 +32,16 @@ from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 from harness.errors import UsageError
-from harness.paths import cache_root
+from harness.paths import CACHE_FOLDERS, cache_root
 
 # kind -> (folder under the cache, depth of its entries below that folder)
-KINDS = {"kernels": ("kernels", 1), "environments": ("envs", 1), "overlays": ("overlays", 2),
-         "compile": ("inductor", 1), "bisect": ("bisect", 2), "logs": ("logs", 1), "torchrun": ("torchrun", 1),
-         "indexes": ("indexes", 1), "uv": ("uv", 0),  # uv's cache of unpacked wheels is one entry (envs link in)
-         "apex": ("apex", 1)}  # apex's syncbn built from a user's checkout
+# How deep each kind's entries sit below its folder (harness.paths.CACHE_FOLDERS names the folders): uv's cache
+# of unpacked wheels is one entry (envs link in); an overlay is <binary>-<base>/<commit>; a bisection's
+# verdicts and stores are bisect/<what>/<entry>.
+DEPTHS = {"kernels": 1, "environments": 1, "overlays": 2, "compile": 1, "bisect": 2, "logs": 1, "torchrun": 1,
+          "indexes": 1, "uv": 0, "apex": 1}
+KINDS = {kind: (CACHE_FOLDERS[kind], depth) for kind, depth in DEPTHS.items()}
+assert set(KINDS) == set(CACHE_FOLDERS), "every cache folder needs its depth in DEPTHS"
 LOCKED = ("kernels", "environments", "overlays", "apex")  # kinds whose maker holds <entry>.lock while making it
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.I)
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.I)

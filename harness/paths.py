@@ -65,6 +65,18 @@ def cache_root() -> Path:
     return Path(base) / "syncbn-harness"
 
 
+# The cache's folders, by kind: the one place their names are written (``cache prune`` walks these,
+# :mod:`harness.cache` says how deep each kind's entries sit).
+CACHE_FOLDERS = {"kernels": "kernels", "environments": "envs", "overlays": "overlays", "compile": "inductor",
+                 "bisect": "bisect", "logs": "logs", "torchrun": "torchrun", "indexes": "indexes", "uv": "uv",
+                 "apex": "apex"}
+
+
+def cache_folder(kind: str) -> Path:
+    """The cache folder of one kind of entry (a key of :data:`CACHE_FOLDERS`)."""
+    return cache_root() / CACHE_FOLDERS[kind]
+
+
 def default_store() -> str:
     """Where results go: ``$SYNCBN_HARNESS_STORE`` or ``./results``."""
     return setting(STORE) or "results"
@@ -83,7 +95,7 @@ def found_cases_file(catalog_dir: Path) -> Path:
 
 def failure_logs_root() -> Path:
     """Where the rank logs of failing cases are kept (bounded: see :mod:`harness.engine.logs`)."""
-    return cache_root() / "logs"
+    return cache_folder("logs")
 
 
 def kill_point(name: str) -> None:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import KernelBuildError
-from harness.paths import PORTABLE, cache_root, setting
+from harness.paths import PORTABLE, cache_folder, setting
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ class BuildSpec:
 
     @property
     def directory(self) -> Path:
-        return cache_root() / "kernels" / self.key
+        return cache_folder("kernels") / self.key
 
     @property
     def library(self) -> Path:

@@ -108,3 +108,21 @@ def test_ages_sizes_and_kinds_are_checked():
         prune()
     with pytest.raises(UsageError, match="choose among kernels"):
         entries(["nope"])
+
+
+def test_cache_folders_are_named_in_one_place():
+    """Every module finds its cache folder through ``harness.paths.cache_folder``: a folder named elsewhere would
+    be invisible to ``cache prune``."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    wrong = []
+    for p in [*(root / "harness").rglob("*.py"), *(root / "kernels").rglob("*.py")]:
+        if p.name == "paths.py" and p.parent.name == "harness":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.left, ast.Call)
+                    and getattr(node.left.func, "id", None) == "cache_root"):
+                wrong.append(f"{p.relative_to(root)}:{node.lineno}")
+    assert not wrong, "cache_root() / <name> outside harness/paths.py (use cache_folder(kind)): " + ", ".join(wrong)

@@ -60,7 +60,7 @@ from harness.bisect.driver import BisectRun, Judge, run_bisection
 from harness.bisect.overlay import PYTHON, RELEVANCE, STRICT, Binary, Overlays, Target, classify, probe_binary
 from harness.bisect.syncbn_path import COMPILED_PREFIXES, ON_PATH, PathRule
 from harness.bisect.verdicts import EVAL_TIMEOUT_S, Evaluation
-from harness.paths import cache_root
+from harness.paths import cache_folder
 from harness.results import timeline
 from harness.selection import Selection
 
@@ -342,11 +342,11 @@ def bisect_commits(*, checkout: str | Path, good: str, bad: str, selection: Opti
     for t in targets:
         check_not_too_far(repo, t.binary, {"--good": good_sha, "--bad": bad_sha, "--base": t.base})
     rule = PathRule(tuple(on_path) or ON_PATH, strict)
-    source = Overlays(repo, targets, cache_root() / "overlays", rule, STRICT if strict else RELEVANCE)
+    source = Overlays(repo, targets, cache_folder("overlays"), rule, STRICT if strict else RELEVANCE)
     builds = [Build("overlay", commit_label(sha, subject), package="torch", version=targets[0].binary.version,
                     path=str(repo.path), commit=sha) for sha, subject in repo.first_parent_range(good_sha, bad_sha)]
     first = targets[0]
-    store = Path(store or cache_root() / "bisect" / "stores" / f"overlays-{first.binary.id}").absolute()
+    store = Path(store or cache_folder("bisect") / "stores" / f"overlays-{first.binary.id}").absolute()
     judge = Judge(selection, source, rerun=rerun, eval_timeout=eval_timeout, store=store, log=log)
     log(f"bisecting {len(builds)} commits of {repo.path} from {good_sha[:12]} (good) to {bad_sha[:12]} (bad) as "
         f"Python overlays on torch {first.binary.version} ({first.binary.torch_dir}, base {first.base[:12]})"

@@ -31,7 +31,7 @@ from harness.bisect.bisector import Outcome, Result, Verdict
 from harness.bisect.builds import Build, IndexOptions, InstallFailed, ordered_builds
 from harness.bisect.envs import EnvOptions, ensure_env, env_key
 from harness.bisect.verdicts import EVAL_TIMEOUT_S, Evaluation, VerdictCache, evaluate, interpreter_fingerprint
-from harness.paths import cache_root
+from harness.paths import cache_folder
 from harness.selection import Selection
 
 
@@ -207,7 +207,7 @@ class Judge:
             ev = Evaluation(Verdict.SKIP, f"install failed: {exc}")
         else:
             self.stats[self.source.stat] += int(ready.created)
-            where = self.store or cache_root() / "bisect" / "stores" / build_id.replace(":", "-")
+            where = self.store or cache_folder("bisect") / "stores" / build_id.replace(":", "-")
             ev = evaluate(ready.python, self.selection, Path(where).absolute(), timeout=self.eval_timeout,
                           extra_env=ready.env, cwd=ready.cwd)
             self.cache.put(key, build, ev)

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 from harness.bisect import children
 from harness.bisect.builds import Build, IndexOptions, InstallFailed
 from harness.bisect.installer import choose, install_command
-from harness.paths import cache_root
+from harness.paths import cache_folder
 
 INSTALL_TIMEOUT_S = 3600.0  # CUDA releases pull several GB of dependencies
 PROBE_TIMEOUT_S = 120.0
@@ -93,7 +93,7 @@ def env_key(build: Build, opts: EnvOptions) -> str:
 def env_dir(build: Build, opts: EnvOptions) -> Path:
     """Where ``build``'s environment lives: ``cache_root()/envs/<label>-<key>``."""
     slug = re.sub(r"[^A-Za-z0-9._=-]+", "_", build.label if build.kind != "wheel" else Path(build.path).stem)
-    return cache_root() / "envs" / f"{slug[:60]}-{env_key(build, opts)}"
+    return cache_folder("environments") / f"{slug[:60]}-{env_key(build, opts)}"
 
 
 def env_python(directory: Path) -> Path:

@@ -32,7 +32,7 @@ from typing import Optional
 
 from harness.bisect.builds import IndexOptions
 from harness.errors import UsageError
-from harness.paths import cache_root
+from harness.paths import cache_folder
 
 INSTALLERS = ("auto", "pip", "uv")
 CONFIG_TIMEOUT_S = 60
@@ -121,7 +121,7 @@ def install_command(installer: str, python: Path, args: list[str], index: Option
         cmd = [uv_binary() or "uv", "pip", "install", "--python", str(python), *args]
         if index is not None:
             cmd += uv_index_args(index)
-        return cmd, {"UV_CACHE_DIR": str(cache_root() / "uv"), "UV_NO_PROGRESS": "1"}
+        return cmd, {"UV_CACHE_DIR": str(cache_folder("uv")), "UV_NO_PROGRESS": "1"}
     cmd = [sys.executable, "-m", "pip", "--python", str(python), "install", "--disable-pip-version-check", *args]
     if index is not None:
         cmd += index.pip_args()

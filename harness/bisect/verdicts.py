@@ -24,7 +24,7 @@ from harness.bisect import children
 from harness.bisect.bisector import Verdict
 from harness.bisect.builds import Build
 from harness.engine import RENDEZVOUS_ENV
-from harness.paths import cache_root
+from harness.paths import cache_folder
 from harness.selection import Selection
 
 EVAL_TIMEOUT_S = 3600.0  # one `run` of the selection in one build
@@ -96,7 +96,7 @@ class VerdictCache:
     """One JSON file per (build identity, selection) under ``cache_root()/bisect/verdicts``."""
 
     def __init__(self, root: Optional[Path] = None):
-        self.root = root or cache_root() / "bisect" / "verdicts"
+        self.root = root or cache_folder("bisect") / "verdicts"
 
     @staticmethod
     def key(build_id: str, sel: Selection) -> str:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from harness.errors import HarnessError
-from harness.paths import cache_root, failure_logs_root
+from harness.paths import cache_folder, failure_logs_root
 
 MAX_KEPT = 50
 POOL_PREFIX = "syncbn-pool-"  # + <harness pid>-ws<N>-<random>: the folder names its owner
@@ -91,7 +91,7 @@ def _alive(pid: int) -> bool:
 
 def torchrun_folder(run_id: str) -> Path:
     """The folder a torchrun job's ranks on one node share for their faulthandler files (created, older pruned)."""
-    root = cache_root() / "torchrun"
+    root = cache_folder("torchrun")
     root.mkdir(parents=True, exist_ok=True)
     folder = root / "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)
     folder.mkdir(mode=0o700, exist_ok=True)

@@ -198,10 +198,10 @@ def inductor_cache_dir() -> Path:
     """Inductor's cache for this torch build: ``<harness cache>/inductor/torch-<version>-<commit>``."""
     import torch
 
-    from harness.paths import cache_root
+    from harness.paths import cache_folder
 
     commit = (getattr(torch.version, "git_version", None) or "unknown")[:12]
-    return cache_root() / "inductor" / f"torch-{torch.__version__.replace('+', '_')}-{commit}"
+    return cache_folder("compile") / f"torch-{torch.__version__.replace('+', '_')}-{commit}"
 
 
 def thread_lock_for_progress_bars() -> None:

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from harness.errors import KernelBuildError, UsageError
-from harness.paths import cache_root
+from harness.paths import cache_folder
 
 SOURCES = ("csrc/syncbn.cpp", "csrc/welford.cu")
 HEADERS = ("csrc/type_shim.h", "csrc/compat.h")
@@ -59,7 +59,7 @@ def build_dir(src: Path, archs: str) -> Path:
         h.update(part.encode() + b"\0")
     for rel in SOURCES + HEADERS:
         h.update((src / rel).read_bytes())
-    return cache_root() / CACHE_KIND / h.hexdigest()[:16]
+    return cache_folder(CACHE_KIND) / h.hexdigest()[:16]
 
 
 def fallback_includes() -> list[str]:

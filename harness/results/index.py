@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional
 
 from harness import SCHEMA_VERSION
-from harness.paths import cache_root
+from harness.paths import cache_folder
 from harness.judge.metric import Metric, worst_ratio
 from harness.results.records import Record, check_fields
 from harness.results.store import StoreError, migrate
@@ -70,7 +70,7 @@ def location(store_dir: Path) -> Path:
     if os.access(store_dir, os.W_OK | os.X_OK):
         return store_dir / NAME
     digest = hashlib.sha256(str(store_dir.resolve()).encode()).hexdigest()[:16]
-    return cache_root() / "indexes" / f"{digest}.sqlite3"
+    return cache_folder("indexes") / f"{digest}.sqlite3"
 
 
 def _row(d: dict, file: str, offset: int, length: int) -> tuple:

@@ -64,7 +64,6 @@ def test_cache_key_depends_on_cuda_and_its_architectures():
 def test_cache_directory_follows_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("SYNCBN_HARNESS_CACHE", str(tmp_path))
     spec = extension.BuildSpec(with_cuda=False, cuda_archs=None)
-    assert extension.cache_root() == tmp_path
     assert spec.directory == tmp_path / "kernels" / spec.key
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from harness.kernels.extension import cache_root
+from harness.paths import cache_folder
 from harness.selection import Selection
 
 CASE = "allgather-shape/uneven-2-6/float32-float32/channels_last/ws2"
@@ -50,7 +50,7 @@ def harmless(rel: str, n: int) -> dict:
 
 def isolated_cache(tmp_path: Path, monkeypatch) -> None:
     """A cache of its own for overlays and verdicts; the reference kernels stay this torch build's, already built."""
-    shared_kernels = cache_root() / "kernels"
+    shared_kernels = cache_folder("kernels")
     monkeypatch.setenv("SYNCBN_HARNESS_CACHE", str(tmp_path / "cache"))
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "kernels").symlink_to(shared_kernels, target_is_directory=True)
