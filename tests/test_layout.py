@@ -6,12 +6,14 @@ still a circle. The packages are layered (:data:`LAYERS`, lowest first); a
 module may import its own package and the layers below it, never above. The
 one circle allowed is the catalog's registration by import: ``harness.catalog``
 imports the case families of ``cases/`` to list them, and each family imports
-the catalog's ``Case``.
+the catalog's ``Case``. Each package's docstring is its index: it names every
+module in it.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,3 +126,20 @@ def test_every_module_is_small_and_says_what_it_is():
         assert ast.get_docstring(ast.parse(text)), f"{name} has no docstring"
         assert text.count("\n") <= MAX_LINES, f"{name} has {text.count(chr(10))} lines: split it by concept"
         assert "SPEC §" not in text and "SPEC.md" not in text, f"{name} cites a file outside the repository"
+
+
+def test_every_package_docstring_names_its_modules():
+    """A package's docstring is its index: it names every module and subpackage in it (``:mod:`` references).
+    The command line is exempt: each of its modules is one subcommand, named by ``syncbn-harness --help``."""
+    missing = []
+    for pkg in sorted(ROOT.joinpath("harness").rglob("__init__.py")):
+        folder = pkg.parent
+        if folder.name == "commands" or "__pycache__" in folder.parts:
+            continue
+        doc = ast.get_docstring(ast.parse(pkg.read_text())) or ""
+        names = [p.stem for p in folder.glob("*.py") if p.stem not in ("__init__", "__main__")
+                 and not p.stem.startswith("_")]
+        names += [p.name for p in folder.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+        missing += [f"{folder.relative_to(ROOT)}/{n}" for n in sorted(names)
+                    if not re.search(rf"(\.|~|`){re.escape(n)}\b", doc)]
+    assert not missing, "modules no package docstring names: " + ", ".join(missing)

@@ -3,6 +3,7 @@
 - :mod:`~harness.bisect.bisector`: the pure state machine, fed verdicts;
 - :mod:`~harness.bisect.builds`: build SPECs and the ordered builds between two ends;
 - :mod:`~harness.bisect.envs`: a cached virtual environment per build;
+- :mod:`~harness.bisect.installer`: what installs a build into its environment (pip, or uv);
 - :mod:`~harness.bisect.verdicts`: a build's verdict (the selection run in it) and its cache;
 - :mod:`~harness.bisect.driver`: the bisection of builds from a build source, tying these together;
 - :mod:`~harness.bisect.nightly`: nightlies by day, and what they were built from;

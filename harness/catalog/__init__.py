@@ -2,6 +2,7 @@
 
 - :mod:`harness.catalog.case`: what a case is (plain data) and the tensors it stands for;
 - :mod:`harness.catalog.covering`: the pairwise covering arrays of the default selection;
+- :mod:`harness.catalog.found`: the promoted search cases (what ``search --save`` and ``promote`` write);
 - the families themselves live in ``cases/`` (the package ``harness.cases``), one module each.
 
 Selection (:func:`select`): ``--case GLOB`` (shell-style, repeatable) picks

@@ -5,9 +5,16 @@
 - :mod:`~harness.results.verdict`: good, bad or untestable over a build's records (``check`` and ``bisect``);
 - :mod:`~harness.results.known_issues`: the known-issues file, matched to records;
 - :mod:`~harness.results.store`: the append-only JSON Lines store, one file per build;
+- :mod:`~harness.results.index`: a derived, deletable SQLite index of a store, for reports in bounded memory;
+- :mod:`~harness.results.compaction`: the store's housekeeping (what each build file holds; keeping what is read);
+- :mod:`~harness.results.fingerprint`: a record's collective fingerprint, and how it changed between builds;
+- :mod:`~harness.results.compile_stats`: what ``torch.compile`` did in a record;
+- :mod:`~harness.results.timeline`: an overlay bisection's builds in commit order;
 - :mod:`~harness.results.diff`: what changed between two builds;
 - :mod:`~harness.results.gate`: the CI verdict against a baseline;
-- :mod:`~harness.results.report`: HTML, Markdown and CSV over the store;
+- :mod:`~harness.results.report`: HTML, Markdown and CSV over the store, from :mod:`~harness.results.page`
+  (what a report shows), :mod:`~harness.results.frames` (records as pandas frames) and
+  :mod:`~harness.results.plots` (error against tolerance);
 - :mod:`~harness.results.severity`: a failure's severity and reach;
 - :mod:`~harness.results.fidelity`: records made on CPU (cpu-emulation) set against CUDA's, case by case;
 - :mod:`~harness.results.console`, :mod:`~harness.results.progress`, :mod:`~harness.results.junit`: what a
