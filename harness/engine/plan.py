@@ -6,7 +6,8 @@ second implementation included), the run options, the build under test and
 its store key (:func:`store_key`, the one spelling of it), the launcher
 (``local``: this process drives warm pools; ``torchrun``: this process is
 one rank of a job), and, for ``--resume``, the (case, impl) pairs still to
-run. It checks the store before any case runs (a store that cannot take
+run (under torchrun, the writing rank's, shared with every rank at the job's
+start). It checks the store before any case runs (a store that cannot take
 this build's records is refused, exit 3) and reads the build's file once:
 the same read gives ``--resume`` what is done and the output what was
 stored. :func:`execute` runs a plan with either launcher, appending each
@@ -64,6 +65,9 @@ class Plan:
         """Records this process will produce: the pending pairs; under torchrun, those of the job's world size."""
         if self.launcher == "torchrun":
             world = int(os.environ["WORLD_SIZE"])
+            if self.pairs is not None:
+                ids = {c.id for c in self.cases if c.world_size == world}
+                return sum(case in ids for case, _ in self.pairs)
             return sum(c.world_size == world for c in self.cases) * len(self.impls)
         if self.pairs is None:
             return self.selected
@@ -88,8 +92,13 @@ def make_plan(selection: Selection, *, store_dir: Optional[str], resume: bool = 
     info = build_info()
     plan = Plan(cases=selection.cases, impls=impls, opts=opts, info=info, key=store_key(info, opts),
                 launcher="torchrun" if under_torchrun() else "local", store_dir=store_dir, resume=resume)
-    if store_dir is None or plan.launcher == "torchrun":
-        return plan  # under torchrun the writing rank checks the store as it appends
+    if store_dir is None:
+        return plan
+    if plan.launcher == "torchrun":
+        # Only the writing rank reads the store (before any record is appended); with --resume its pending
+        # pairs reach every rank at the job's start (harness.engine.torchrun), so that all run the same cases.
+        if not (resume and os.environ.get("RANK") == "0"):
+            return plan
     existing = Store(store_dir).prepare(plan.key)
     if resume:
         wanted = {(c.id, i.name) for c in plan.cases for i in plan.impls}
@@ -121,7 +130,7 @@ def execute(plan: Plan, on_record: Optional[Callable[[Record], None]] = None,
     if plan.launcher == "torchrun":
         from harness.engine import torchrun
 
-        job = torchrun.Job(plan.cases, plan.impls, plan.opts, plan.info)
+        job = torchrun.Job(plan.cases, plan.impls, plan.opts, plan.info, resume=plan.resume, pairs=plan.pairs)
         return job.run(emit, on_abort or (lambda records: None)), job.is_writer
     from harness.engine.session import run_selection
 

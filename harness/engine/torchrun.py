@@ -58,8 +58,12 @@ FATAL = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SI
 class Job:
     """This rank's part of a torchrun job over the selected cases (see the module docstring)."""
 
-    def __init__(self, cases: list, impls: list, opts, info):
+    def __init__(self, cases: list, impls: list, opts, info, *, resume: bool = False,
+                 pairs: Optional[set[tuple[str, str]]] = None):
         self.cases, self.impls, self.opts, self.info = cases, impls, opts, info
+        # --resume: the (case, impl) pairs still to run, as the writing rank read them from the store (the
+        # other ranks learn them from it at the start, see _pending); None: every pair.
+        self.resume, self.pairs = resume, pairs
         self.rank = int(os.environ["RANK"])
         self.world = int(os.environ["WORLD_SIZE"])
         self.records: list[Record] = []
@@ -118,9 +122,12 @@ class Job:
         for impl in self.impls:
             if impl.name not in unavailable:
                 impl.setup_rank(self.opts.device)
+        pending = self._pending()
         seq = 0
         for case in [c for c in self.cases if c.world_size == self.world]:
             for impl in self.impls:
+                if pending is not None and (case.id, impl.name) not in pending:
+                    continue  # --resume: the store holds it already
                 refused = admission.refusal(case, impl, self.opts, unavailable, gpus=None, one_backend=True)
                 if refused is not None:
                     if self.is_writer:
@@ -165,6 +172,15 @@ class Job:
             exchange(self.store, "gone", self.rank, self.world, "1", LEAVE_WAIT_S)
         except Exception:  # noqa: BLE001 - a peer already gone with the store: nothing left to wait for
             pass
+
+    def _pending(self) -> Optional[set[tuple[str, str]]]:
+        """With --resume, the pairs to run: the writing rank's (it read the store), the same on every rank."""
+        if not self.resume:
+            return None
+        mine = json.dumps(sorted(self.pairs) if self.pairs is not None else None) if self.is_writer else "null"
+        posted = exchange(self.store, "pending", self.rank, self.world, mine, self.opts.timeout + 60)[0]
+        decoded = json.loads(posted)
+        return None if decoded is None else {(case, impl) for case, impl in decoded}
 
     def _exchange_availability(self) -> dict[str, str]:
         """Implementations any rank cannot run are skipped on every rank (with that rank's reason)."""
