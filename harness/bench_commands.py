@@ -23,7 +23,10 @@ Figures (every one a command line, the same for both trees):
   once (the reference, torch, the test suite's textbook SyncBN and its planted
   defects); the ratio of N to 1 says how a run scales with implementations;
 - ``search``: ``search`` of the reference over :data:`SEARCH_CASES` generated cases
-  (seed 0: the same cases in both trees), its time the inverse of the search rate.
+  (seed 0: the same cases in both trees), its time the inverse of the search rate;
+- ``search-fail``: the same over :data:`SEARCH_FAIL_CASES` cases of an implementation that
+  raises on every rank (:data:`FAILING_PLUGIN`, written by the bench): the rate when every case
+  fails, where a pool restart per failure used to dominate.
 
 Each is timed ``--repeat`` times per tree (the median is reported); records
 go to a temporary store removed afterwards, as is the exported baseline. A
@@ -58,8 +61,19 @@ SCALING_IMPLS = ("reference", "torch", "textbook:TextbookSyncBN", "defects:Equal
                  "defects:BiasedRunningVar", "defects:EpsOutsideSqrt", "defects:HalfCounts",
                  "defects:MomentumNoneAsDefault", "defects:NormalizesInPlace")
 FIGURES = ("startup", "check-one", "run-one", "layer", "ddp", "compile", "default", "impls-1", "impls-3", "impls-10",
-           "search")
+           "search", "search-fail")
 SEARCH_CASES = 60
+SEARCH_FAIL_CASES = 40
+# The implementation the search-fail figure searches: torch's SyncBatchNorm whose forward raises on every rank,
+# written by the bench into a folder both trees import from (a baseline commit has no such plugin of its own).
+FAILING_PLUGIN = ("syncbn_bench_fails", '''"""What `bench run`'s search-fail figure searches: every case fails alike."""
+import torch
+
+
+class RaisesOnEveryRank(torch.nn.SyncBatchNorm):
+    def forward(self, input):
+        raise ValueError("bench: raises on every rank, before any collective")
+''')
 COMMAND_TIMEOUT_S = 1800
 QUIET_TIMEOUT_S = 60.0
 
@@ -94,6 +108,9 @@ def figure_args(name: str) -> list[str]:
     if name == "search":
         return ["search", "--impl", "reference", "--device", "cpu", "--max-cases", str(SEARCH_CASES), "--seed", "0",
                 "--store", "{store}", "--out", "{store}/search-out"]
+    if name == "search-fail":
+        return ["search", "--impl", f"{FAILING_PLUGIN[0]}:RaisesOnEveryRank", "--device", "cpu", "--max-cases",
+                str(SEARCH_FAIL_CASES), "--seed", "0", "--store", "{store}", "--out", "{store}/search-out"]
     if name.startswith("impls-"):
         n = int(name.split("-", 1)[1])
         return [*run, *[a for i in SCALING_IMPLS[:n] for a in ("--impl", i)],
@@ -201,6 +218,11 @@ def bench_run(baseline: Optional[str], figures: tuple[str, ...], repeat: int, wa
         trees = [Tree("this tree", here, python_path(here))]
         if baseline:
             trees.insert(0, export_baseline(repository_root(here), baseline, scratch))
+        plugins = scratch / "plugins"
+        plugins.mkdir()
+        (plugins / f"{FAILING_PLUGIN[0]}.py").write_text(FAILING_PLUGIN[1])
+        for tree in trees:  # every tree imports the bench's own plugins
+            tree.env["PYTHONPATH"] = os.pathsep.join([str(plugins), tree.env["PYTHONPATH"]])
         echo(f"{', '.join(t.label for t in trees)}; python {sys.version.split()[0]}; median of {repeat}; "
              f"{os.cpu_count()} CPUs")
         rows = []

@@ -10,7 +10,7 @@ from harness.commands import cli
 
 # The figures of `bench run` (harness.bench_commands.FIGURES), named here so that --help needs no import.
 FIGURE_NAMES = ("startup", "check-one", "run-one", "layer", "ddp", "compile", "default", "impls-1", "impls-3",
-                "impls-10", "search")
+                "impls-10", "search", "search-fail")
 
 
 @cli.group()
