@@ -17,7 +17,9 @@ Steps (:data:`STEP_KINDS`): ``train`` (forward, backward), ``eval``
 whose backward comes with the next ``train`` step: two forwards, one backward
 of the sum), ``nograd`` (a training forward under ``torch.no_grad()``),
 ``eval-rank0`` (rank 0 alone evaluates while the others wait, as validation on
-one rank does).
+one rank does), ``eval-subset`` (every rank but the last evaluates, the last
+waits: validation on a subset of ranks). No collective may be issued in
+either (:func:`evaluates`).
 """
 
 from __future__ import annotations
@@ -31,13 +33,17 @@ import torch
 from harness.slices import batch_slices
 
 # Step kind -> what the normalization does in it: "train" (batch statistics, synchronized) or "eval".
-STEP_KINDS = {"train": "train", "fwd": "train", "nograd": "train", "eval": "eval", "eval-rank0": "eval"}
+STEP_KINDS = {"train": "train", "fwd": "train", "nograd": "train", "eval": "eval", "eval-rank0": "eval",
+              "eval-subset": "eval"}
 INPUT_LAYOUTS = ("dense", "permuted", "sliced")
 CASE_BACKENDS = (None, "nccl-contract")  # None: the run's backend
 # The conversion family's user models (harness.scenarios.user_models) and checkpoint round trips
 # (harness.scenarios.checkpoint): named here, so the catalog need not import the scenarios.
 CONVERSION_MODELS = ("bn-act", "lazy", "frozen", "config", "no-running-stats", "nested")
 CHECKPOINT_MODES = ("resume-2-3", "resume-3-2", "revert", "rank0-ddp")
+# What users do around a network holding SyncBN (model scenario; harness.scenarios.uses explains each).
+USES = ("checkpoint-layer", "checkpoint-layer-reentrant", "checkpoint-block", "checkpoint-block-reentrant",
+        "double-backward", "autocast", "script", "join")
 # torch.compile of the case's module: a backend, then optionally "fullgraph" and "dynamic" (dynamic=True)
 COMPILE_BACKENDS = ("eager", "aot_eager", "inductor")
 COMPILE_OPTIONS = ("fullgraph", "dynamic")
@@ -53,6 +59,16 @@ MEMORY_FORMATS = {
     "channels_last": torch.channels_last,
     "channels_last_3d": torch.channels_last_3d,
 }
+
+
+def evaluates(kind: str, rank: int, world_size: int) -> bool:
+    """Whether ``rank`` takes part in a step of ``kind``: every rank, but rank 0 alone in ``eval-rank0`` and every
+    rank but the last in ``eval-subset``."""
+    if kind == "eval-rank0":
+        return rank == 0
+    if kind == "eval-subset":
+        return rank < world_size - 1
+    return True
 
 
 def seed_of(case_id: str) -> int:
@@ -96,6 +112,12 @@ class Case:
     # Run the case's module under torch.compile, and eagerly beside it (see harness.engine.compiled):
     # (backend, *options), e.g. ("aot_eager", "fullgraph"); () runs eagerly only.
     compile: tuple[str, ...] = ()
+    # Model scenarios: what the user does around the network (USES: checkpointing, a gradient penalty, autocast,
+    # TorchScript, DDP's join), see harness.scenarios.uses.
+    use: Optional[str] = None
+    # Seconds the case may take before it is a hang, where shorter than the run's --timeout: for cases whose
+    # expected failure is a hang (DDP's join), so that it costs seconds, not the run's minutes.
+    time_limit: Optional[float] = None
     seed: int = -1  # -1: derived from the id, so a case's data never changes with catalog order
     default: bool = True  # in the default selection (else only with --exhaustive)
     note: str = ""
@@ -127,6 +149,8 @@ class Case:
                 self.compile) - 1 or any(o not in COMPILE_OPTIONS for o in self.compile[1:])):
             raise ValueError(f"case {self.id}: compile is (backend, *options) with a backend of {COMPILE_BACKENDS} "
                              f"and options among {COMPILE_OPTIONS}, got {self.compile}")
+        if self.use is not None and self.use not in USES:
+            raise ValueError(f"case {self.id}: use must be one of {', '.join(USES)}, got {self.use!r}")
         if self.seed < 0:
             object.__setattr__(self, "seed", seed_of(self.id))
 
@@ -136,6 +160,10 @@ class Case:
 
         return replace(self, id=f"{self.id}/{backend}", backend=backend, seed=self.seed,
                        default=self.default if default is None else default)
+
+    def timeout(self, run_timeout: float) -> float:
+        """Seconds before this case is a hang in a run whose ``--timeout`` is ``run_timeout``."""
+        return min(run_timeout, self.time_limit) if self.time_limit else run_timeout
 
     def backend_for(self, run_backend: str) -> str:
         """The backend this case runs on in a run over ``run_backend``."""
@@ -178,6 +206,7 @@ class Case:
             "ddp": list(self.ddp),
             "backend": self.backend,
             "compile": list(self.compile),
+            "use": self.use,
         }
 
     def sizes_at(self, step: int) -> tuple[int, ...]:

@@ -154,7 +154,8 @@ def message(outcomes: list[RankOutcome]) -> str:
     for o in outcomes:
         if o.status in (RankStatus.PASS, RankStatus.PEER_FAILED):
             continue
-        what = o.message.splitlines()[0] if o.message else ""
+        # The first line that says something (TorchScript's messages start with a blank line).
+        what = next((line.strip() for line in (o.message or "").splitlines() if line.strip()), "")
         if o.exception_type:
             what = f"{o.exception_type}: {what}"
         parts.append(f"rank {o.rank}: {o.status.value}" + (f" ({what})" if what else ""))

@@ -88,5 +88,6 @@ def summary(ranks: list[dict]) -> Optional[str]:
             return f"rank {r['rank']}: {r['evidence'][0]}"
     for r in ranks:
         if r["status"] not in ("pass", "peer-failed") and r["message"]:
-            return f"rank {r['rank']}: {r['message'].splitlines()[0][:600]}"
+            first = next((line.strip() for line in r["message"].splitlines() if line.strip()), "")
+            return f"rank {r['rank']}: {first[:600]}"
     return None

@@ -72,7 +72,7 @@ class Session:
                                           setup_impls=self._setup)
         started, t0 = assemble.now(), time.perf_counter()
         task = admission.task_for(case, impl, opts)
-        outcome = pool.run(task, timeout=opts.timeout)
+        outcome = pool.run(task, timeout=case.timeout(opts.timeout))
         # The record is the run's (its build key names the run's backend); a case that names its own backend
         # says so in its parameters.
         record = assemble.from_outcome(case, impl, self.info, opts.device, opts.resolved_backend, outcome, started,

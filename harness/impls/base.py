@@ -48,6 +48,8 @@ class Capabilities:
     convert: bool = False  # conversion of a whole model (convert_sync_batchnorm or similar)
     graph_capture: bool = True  # a training step can be captured in a CUDA graph (no host syncs)
     fullgraph: bool = True  # meant to compile under torch.compile(fullgraph=True) (no host syncs, no breaks)
+    double_backward: bool = True  # its backward is differentiable (create_graph=True: gradient penalties)
+    script: bool = True  # meant to go through torch.jit.script
 
     def to_dict(self) -> dict:
         return {k: sorted(v) if isinstance(v, frozenset) else v for k, v in self.__dict__.items()}
@@ -103,6 +105,8 @@ class Impl(abc.ABC):
             (cap.empty_ranks or min(case.batch_sizes) > 0, "an empty batch on a rank"),
             (cap.convert or not case.model, "conversion of a whole model"),
             (cap.fullgraph or "fullgraph" not in case.compile, "torch.compile(fullgraph=True)"),
+            (cap.double_backward or case.use != "double-backward", "double backward (create_graph=True)"),
+            (cap.script or case.use != "script", "torch.jit.script"),
         ]
         missing = [what for ok, what in checks if not ok]
         if missing:

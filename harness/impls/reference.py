@@ -65,6 +65,10 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         c = input.shape[1]
         count, mean, m2 = merged[0], merged[1:1 + c], merged[1 + c:]
         n = float(count)
+        if n == 1:
+            # What nn.BatchNorm refuses over the same global batch (the buffers stay as they were).
+            raise ValueError(f"Expected more than 1 value per channel when training, got 1 value per channel "
+                             f"over the process group (input of shape {tuple(input.shape)} on this rank)")
         if n < 1:
             # Every rank of the group is empty: nothing to normalize and no statistics to track.
             running_mean = running_var = None
@@ -230,7 +234,10 @@ def _derived(kind: type, cls: type) -> type:
 class ReferenceImpl(Impl):
     """The reference SyncBN: supports every case on every device the kernels are built for, outside CUDA graphs."""
 
-    capabilities = Capabilities(convert=True, graph_capture=False, fullgraph=False)
+    # Its backward is hand-written over kernels with no derivative of their own (no double backward), and its
+    # autograd Function is Python, which TorchScript cannot compile.
+    capabilities = Capabilities(convert=True, graph_capture=False, fullgraph=False, double_backward=False,
+                                script=False)
 
     def version(self) -> str:
         from harness import __version__

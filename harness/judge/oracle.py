@@ -15,6 +15,16 @@ Per step of a case (``fwd`` and ``nograd`` steps normalize as ``train`` does,
   running statistics, eval normalizes with each rank's own batch statistics,
   as ``torch.nn.SyncBatchNorm`` (and plain BatchNorm in each process) does.
 
+Degenerate global batches follow ``nn.BatchNorm`` over the same global
+batch, not any SyncBN: a training step whose group holds no value at all
+(every rank empty) outputs nothing, gives zero gradients, counts the step in
+num_batches_tracked and leaves the running statistics as they were; a
+training step whose group holds one value per channel is refused, as
+``nn.BatchNorm`` raises "Expected more than 1 value per channel when
+training" (``StepTruth.raises``; the oracle stops there, and the buffers are
+the previous step's). One rank with a single value in a larger group is an
+ordinary step.
+
 Buffers and parameters live in the parameter dtype: after every update the
 running statistics are rounded to it, because every implementation has to
 store them there. Nothing else is rounded.
@@ -41,6 +51,8 @@ from harness.catalog.case import STEP_KINDS
 from harness.slices import batch_slices
 
 Tensor = torch.Tensor
+# What nn.BatchNorm raises in training when a channel has one value in the whole (global) batch.
+ONE_VALUE = "Expected more than 1 value per channel when training"
 
 
 @dataclass
@@ -68,6 +80,9 @@ class StepTruth:
     # Per rank: its own sums of |dy| and |dy * xhat| (for the budgets of its gradient shares).
     rank_abs_dy: list[Optional[Tensor]] = field(default_factory=list)
     rank_abs_dy_xhat: list[Optional[Tensor]] = field(default_factory=list)
+    # Set when ``nn.BatchNorm`` over this step's global batch raises (the message): the step is refused, the
+    # buffers stay as they were, and the oracle has no later steps.
+    raises: Optional[str] = None
 
 
 def _bcast(v: Tensor, like: Tensor) -> Tensor:
@@ -209,12 +224,15 @@ def run_oracle(
         rank_abs_dy: list = [None] * world
         rank_abs_dy_xhat: list = [None] * world
         use_batch = kind == "train" or not track_running_stats
+        raises = None
         for group in groups:
             sync = kind == "train"
             # Statistics: over the whole group in training, per rank when eval lacks buffers.
             units = [group] if sync else [[r] for r in group]
             for unit in units:
                 n = sum(xs[r].numel() // C for r in unit)
+                if kind == "train" and n == 1:
+                    raises = ONE_VALUE
                 if use_batch:
                     mean = sum(channel_sum(xs[r]) for r in unit) / n if n else torch.zeros(C, dtype=f64)
                 else:
@@ -222,8 +240,8 @@ def run_oracle(
                 # Every other per-channel sum in one pass over each rank's (x, dy), widened once per slice.
                 sums = {r: deviation_sums(xs[r], dys[r], mean, squares=use_batch) for r in unit}
                 if use_batch:
-                    nan = torch.full((C,), float("nan"), dtype=f64)
-                    var = sum(sums[r].squares for r in unit) / n if n else nan
+                    # An empty group normalizes nothing: unit variance keeps its (zero) gradient shares finite.
+                    var = sum(sums[r].squares for r in unit) / n if n else torch.ones(C, dtype=f64)
                 invstd = 1.0 / torch.sqrt(var + eps)
                 sum_dy = sum(sums[r].dy for r in unit)
                 sum_dy_xmu = sum(sums[r].dy_xmu for r in unit)
@@ -243,6 +261,8 @@ def run_oracle(
                 if kind == "train" and track_running_stats:
                     for r in unit:
                         nbt[r] += 1
+                        if n == 0:
+                            continue  # an empty global batch counts the step and leaves the statistics alone
                         factor = 1.0 / nbt[r] if momentum is None else momentum
                         unbiased = var * n / (n - 1) if n > 1 else torch.full((C,), float("inf"), dtype=f64)
                         rm[r] = ((1 - factor) * rm[r] + factor * mean).to(param_dtype).to(f64)
@@ -265,5 +285,8 @@ def run_oracle(
             mean_abs_dy_xhat=abs_dy_xhat,
             rank_abs_dy=rank_abs_dy,
             rank_abs_dy_xhat=rank_abs_dy_xhat,
+            raises=raises,
         ))
+        if raises:
+            break
     return truths

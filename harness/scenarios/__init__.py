@@ -22,6 +22,8 @@ and may have a third, asked in the parent before any rank runs the case:
 - :mod:`~harness.scenarios.checkpoint`: a converted model's checkpoint resumed at another world size, reverted to
   plain BatchNorm, or loaded on rank 0 under DDP;
 - :mod:`~harness.scenarios.cuda_graph`: a training step captured in a CUDA graph, replayed step by step;
+- :mod:`~harness.scenarios.uses`: what users do around the model scenario's network (activation checkpointing,
+  a gradient penalty, autocast, TorchScript, DDP's join);
 - :mod:`~harness.scenarios.prepared`: a rank's inputs and truths of a case, kept for the next implementation.
 """
 

@@ -31,10 +31,11 @@ from typing import Optional
 
 import torch
 
-from harness.catalog.case import DTYPES, STEP_KINDS, Case
+from harness.catalog.case import DTYPES, STEP_KINDS, Case, evaluates
 from harness.judge.compare import judge_rank, judge_sums, sum_tolerance_of
 from harness.judge.invariants import bits, compare_across
 from harness.judge.metric import Metric
+from harness.judge.oracle import ONE_VALUE
 from harness.scenarios import prepared
 
 TENSORS = ("output", "grad_input", "grad_weight", "grad_bias", "running_mean", "running_var")
@@ -47,7 +48,10 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     torch.manual_seed(case.seed)
     data, truths = prepared.prepare(case, rank)  # read-only: kept for the next implementation of this case
     group = ctx.process_group(case)
-    observed, convert_problems = run_steps(ctx, case, impl, device, data, group)
+    refuse_at = len(truths) - 1 if truths and truths[-1].raises else None
+    observed, convert_problems = run_steps(ctx, case, impl, device, data, group, refuse_at=refuse_at)
+    refusal = observed.pop() if refuse_at is not None and len(observed) > refuse_at else None
+    truths = truths[:len(observed)]
     result.across["buffers"] = {str(s): {name: obs[f"{name}_bits"] for name in BUFFERS}
                                 for s, obs in enumerate(observed) if obs is not None}
     budgets: dict = {}
@@ -70,12 +74,24 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     if compare_with:
         result.compare = compare_implementations(ctx, case, compare_with, device, data, group, observed)
     metrics += [(f"convert.{i}", Metric.failure(p)) for i, p in enumerate(convert_problems)]
+    if refusal is not None:
+        metrics.append((f"step{refuse_at}.train.refused", _refusal_metric(refusal, ONE_VALUE)))
     for s, obs in enumerate(observed):
         if obs is None:
             continue
         tag = f"step{s}.{STEP_KINDS[case.steps[s]]}"
         metrics += [(f"{tag}.input", Metric.failure(p)) for p in obs["input_problems"]]
     result.metrics = dict(metrics)
+
+
+def _refusal_metric(refusal: dict, expected: str) -> Metric:
+    """A step nn.BatchNorm refuses over the global batch: the implementation must raise too."""
+    if refusal["raised"]:
+        return Metric.passed()
+    var = refusal.get("running_var")
+    after = f"; running_var afterwards {var}" if var is not None else ""
+    return Metric.failure(f"accepted a training step with one value per channel in the whole group, where "
+                          f"nn.BatchNorm over the same batch raises ValueError ({expected!r}){after}")
 
 
 def judge_across(case: Case, results: list) -> list[tuple[str, Metric]]:
@@ -145,10 +161,13 @@ def _input_problems(x: torch.Tensor, before: torch.Tensor, y: torch.Tensor) -> l
     return problems
 
 
-def run_steps(ctx, case: Case, impl, device: str, data, group) -> tuple[list, list[str]]:
+def run_steps(ctx, case: Case, impl, device: str, data, group, refuse_at: Optional[int] = None
+              ) -> tuple[list, list[str]]:
     """Build this rank's module (or convert the nested model), run every step, return what it produced.
 
-    ``observed[s]`` is None for a step this rank takes no part in. ``ctx`` is the rank's context: its rank,
+    ``observed[s]`` is None for a step this rank takes no part in. At step ``refuse_at`` (one the oracle
+    refuses) only the forward runs, inside ``try``, and the steps end: its entry is ``{"raised": message or
+    None, "running_var": ...}``. ``ctx`` is the rank's context: its rank,
     and the marks that tell the collective recorder which step a call belongs to.
     """
     rank = ctx.rank
@@ -170,15 +189,18 @@ def run_steps(ctx, case: Case, impl, device: str, data, group) -> tuple[list, li
     pending: list = []  # forwards ("fwd" steps) whose backward comes with the next train step
     for s, kind in enumerate(case.steps):
         ctx.mark_step(s)
-        if kind == "eval-rank0" and rank != 0:
+        if not evaluates(kind, rank, case.world_size):
             observed.append(None)
             continue
         module.train(STEP_KINDS[kind] == "train")
         x, leaf = present(data.inputs[s][rank], case.input_layout, device)
         before = x.detach().clone()
         dy = data.grad_outputs[s][rank].to(device, copy=True)  # the case's own stays as it was
-        alone = kind == "eval-rank0"
-        with ctx.forbid_collectives("evaluation on rank 0 alone") if alone else contextlib.nullcontext():
+        if s == refuse_at:
+            observed.append(_try_refused(impl, module, x, case))
+            break
+        alone = not all(evaluates(kind, r, case.world_size) for r in range(case.world_size))
+        with ctx.forbid_collectives("evaluation on some ranks alone") if alone else contextlib.nullcontext():
             if kind == "nograd":
                 with torch.no_grad():
                     y = impl.forward(module, x)
@@ -211,6 +233,16 @@ def run_steps(ctx, case: Case, impl, device: str, data, group) -> tuple[list, li
     return observed, convert_problems
 
 
+def _try_refused(impl, module, x: torch.Tensor, case: Case) -> dict:
+    """The forward of a step nn.BatchNorm refuses: what the implementation raised, or what it left behind."""
+    try:
+        impl.forward(module, x)
+    except (ValueError, RuntimeError) as e:
+        return {"raised": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    var = getattr(module, "running_var", None) if case.track_running_stats else None
+    return {"raised": None, "running_var": None if var is None else [float(v) for v in var.detach().cpu()]}
+
+
 def compare_implementations(ctx, case: Case, other_name: str, device: str, data, group, observed) -> dict:
     """Run another implementation on the same inputs on this rank; the largest difference per tensor and step."""
     other = ctx.impl(other_name, device)
@@ -224,7 +256,7 @@ def compare_implementations(ctx, case: Case, other_name: str, device: str, data,
         if a is None or b is None:
             continue
         for name in TENSORS:
-            ta, tb = a[name], b[name]
+            ta, tb = a.get(name), b.get(name)
             if ta is None or tb is None or ta.shape != tb.shape:
                 continue
             diff = (ta.double() - tb.double()).abs()

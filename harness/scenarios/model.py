@@ -35,11 +35,11 @@ from typing import Optional
 
 import torch
 
-from harness.catalog.case import DTYPES, STEP_KINDS, Case, materialize
+from harness.catalog.case import DTYPES, STEP_KINDS, Case, evaluates, materialize
 from harness.judge.compare import compare_tensor, network_tolerance
 from harness.judge.invariants import bits, compare_across
 from harness.judge.metric import Metric
-from harness.scenarios import networks
+from harness.scenarios import networks, uses
 
 LR = 0.05
 FLAGS = ("ddp", "broadcast_buffers=False", "forward_sync_buffers=False", "static_graph", "find_unused_parameters",
@@ -111,16 +111,17 @@ class Oracle:
                                        eps=self.case.eps, momentum=self.case.momentum,
                                        param_dtype=DTYPES[self.case.param_dtype])
 
-    def backward(self, ys: list[torch.Tensor], gs: list[torch.Tensor], ddp: bool) -> tuple[list, list]:
-        """(each rank's input gradient, each rank's parameter-gradient shares); under DDP the shares' average
+    def backward(self, ys: list[torch.Tensor], gs: list[torch.Tensor], ddp: bool, world: int) -> tuple:
+        """(each rank's input gradient, each rank's parameter-gradient shares, each rank's penalized input
+        gradient or None, see :mod:`harness.scenarios.uses`); under DDP the shares' sum over ``world``
         accumulates into the parameters' gradients, as DDP's all-reduce does."""
-        torch.autograd.backward(ys, gs)
+        penalized = uses.oracle_backward(self.case, ys, self._xs, gs)
         shares = [{n: c[n].grad for n in self.names} for c in self._copies]
         if ddp:
             for n, p in self.params.items():
-                mean = sum(s[n] for s in shares) / len(shares)
+                mean = sum(s[n] for s in shares) / world
                 p.grad = mean if p.grad is None else p.grad + mean
-        return [x.grad for x in self._xs], shares
+        return [x.grad for x in self._xs], shares, penalized
 
     def optimizer_step(self) -> None:
         if self.opt is not None:
@@ -147,9 +148,9 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     layer_case = dataclasses.replace(case, model=None, scenario="layer")
 
     def norm(c: int):
-        return impl.build(dataclasses.replace(layer_case, channels=c), group, device)
+        return uses.prepare_layer(case, impl.build(dataclasses.replace(layer_case, channels=c), group, device))
 
-    net = networks.Net(layers, norm).to(device=device, dtype=pdtype)
+    net = networks.Net(layers, norm, uses.layer_call(case)).to(device=device, dtype=pdtype)
     own = checkpoint if checkpoint is not None and rank == 0 else state
     with torch.no_grad():
         current = dict(net.named_parameters()) | dict(net.named_buffers())
@@ -170,31 +171,42 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     depth = networks.depth(layers)
     metrics: list[tuple[str, Metric]] = []
     across: dict = {}
-    for s, kind in enumerate(case.steps):
-        ctx.mark_step(s)
+    call = uses.wrap_call(case, impl.forward)
+    rounding = uses.autocast_dtype(case, device)  # autocast rounds to its dtype: judge with that dtype's rounding
+    tol_case = dataclasses.replace(case, dtype=str(rounding).split(".")[-1]) if rounding else case
+    slack = uses.AUTOCAST_SLACK if rounding else 1.0
+    out_dtype = uses.expected_dtype(case, device, layers, lambda n: networks.Net(layers, n)) or DTYPES[case.dtype]
+
+    def step(s: int, kind: str) -> None:
         train = STEP_KINDS[kind] == "train"
-        model.train(train)
-        xs = [data.inputs[s][r] for r in range(ws)]
+        alone = not all(evaluates(kind, r, ws) for r in range(ws))
+        active = uses.active_ranks(case, s)
+        (model if not alone else net).train(train)
+        xs = [data.inputs[s][r] for r in range(active)]
         ys = oracle.forward(xs, train)
         gs = upstream(case, s, [tuple(y.shape) for y in ys])
-        grad_inputs, shares = oracle.backward(ys, gs, ddp) if train else (None, None)
+        grad_inputs, shares, penalized = oracle.backward(ys, gs, ddp, ws) if train else (None, None, None)
         reduction = sum(int(x.numel() // x.shape[1]) for x in xs)
         x = xs[rank].to(device).detach().clone().requires_grad_(train)
         last_micro = (s + 1) % k == 0
         sync = contextlib.nullcontext() if (not ddp or last_micro or not train) else model.no_sync()
-        with sync:
-            y = impl.forward(model, x)
-            if train:
-                y.backward(gs[rank].to(device=device, dtype=y.dtype))
+        quiet = ctx.forbid_collectives(f"evaluation on ranks {[r for r in range(ws) if evaluates(kind, r, ws)]} "
+                                       "alone") if alone else contextlib.nullcontext()
+        with sync, quiet:
+            with uses.forward_context(case, device):
+                y = call(net if alone else model, x)
+            mine = uses.backward(case, y, x, gs[rank].to(device=device, dtype=y.dtype)) if train else None
         tag = f"step{s}.{STEP_KINDS[kind]}"
 
         def judge(name, got, true, dtype=None, tag=tag, reduction=reduction, s=s):
-            tol = network_tolerance(true, case, reduction, depth, s)
+            tol = network_tolerance(true, tol_case, reduction, depth, s) * slack
             metrics.append((f"{tag}.{name}", compare_tensor(_cpu(got), true, tol, dtype=dtype)))
 
-        judge("output", y, ys[rank].detach(), DTYPES[case.dtype])
+        judge("output", y, ys[rank].detach(), out_dtype)
         if train:
             judge("grad_input", x.grad, grad_inputs[rank], DTYPES[case.dtype])
+        if penalized is not None:
+            judge("penalized_grad_input", mine, penalized[rank], DTYPES[case.dtype])
         bitwise: dict = {}
         step_done = train and (not ddp or last_micro)
         if step_done:
@@ -221,6 +233,14 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
                             bitwise[f"opt.{name}.{key}"] = bits(value)
         bitwise.update(judge_buffers(net.named_buffers(), oracle.buffers, judge, metrics, tag, pdtype))
         across[str(s)] = bitwise
+    with contextlib.ExitStack() as joined:
+        if case.use == "join":
+            joined.enter_context(model.join())
+        for s, kind in enumerate(case.steps):
+            if s >= uses.batches(case, rank) or not evaluates(kind, rank, ws):
+                continue  # this rank has no batch left (join), or does not evaluate (validation on a subset)
+            ctx.mark_step(s)
+            step(s, kind)
     result.across["bitwise"] = across
     result.metrics = dict(metrics)
 

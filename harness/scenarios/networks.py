@@ -52,9 +52,11 @@ def depth(layers: list[tuple]) -> int:
 class Net(nn.Module):
     """The network of a spec, its normalizations made by ``norm(num_features)``."""
 
-    def __init__(self, layers: list[tuple], norm: Callable[[int], nn.Module]):
+    def __init__(self, layers: list[tuple], norm: Callable[[int], nn.Module],
+                 norm_call: Optional[Callable] = None):
         super().__init__()
         self.layers = layers
+        self.norm_call = norm_call  # norm_call(module, x) calls a normalization (e.g. through checkpoint)
         for layer in layers:
             kind = layer[0]
             if kind == "conv":
@@ -69,7 +71,9 @@ class Net(nn.Module):
         saved = None
         for layer in self.layers:
             kind = layer[0]
-            if kind in ("conv", "bn", "linear"):
+            if kind == "bn" and self.norm_call is not None:
+                x = self.norm_call(getattr(self, layer[1]), x)
+            elif kind in ("conv", "bn", "linear"):
                 x = getattr(self, layer[1])(x)
             elif kind == "relu":
                 x = torch.relu(x)

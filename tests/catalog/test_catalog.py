@@ -17,7 +17,8 @@ from harness.catalog.covering import covers_all_pairs, pairwise
 from harness.errors import UsageError
 
 FAMILIES = {"allgather-shape", "mixed-precision", "channels-last", "module-config", "process-group", "numerics",
-            "training-loop", "ddp", "scale", "search"}
+            "training-loop", "ddp", "scale", "search", "degenerate", "validation", "activation-checkpoint",
+            "double-backward", "autocast", "script", "join"}
 ROOT = Path(__file__).resolve().parents[2]
 
 # The first input values and weights of two cases, as generated when these cases were written. A case's data

@@ -142,3 +142,39 @@ def test_bad_groups_are_rejected():
     x = [[torch.zeros(1, 1, 2)] * 2]
     with pytest.raises(ValueError, match="partition"):
         run_oracle(x, x, ["train"], num_features=1, groups=[[0]])
+
+
+@pytest.mark.parametrize("momentum", [0.1, None], ids=["momentum-0.1", "momentum-None"])
+def test_an_all_empty_step_follows_batchnorm(momentum):
+    """Every rank empty: nn.BatchNorm over the same (empty) batch counts the step and keeps its statistics."""
+    g = torch.Generator().manual_seed(3)
+    full = [torch.randn(n, 3, 2, generator=g, dtype=torch.float64) for n in (2, 3)]
+    empty = [torch.zeros(0, 3, 2, dtype=torch.float64)] * 2
+    dys = [[torch.randn_like(x) for x in xs] for xs in (full, empty, full)]
+    truths = run_oracle([full, empty, full], dys, ["train"] * 3, num_features=3, momentum=momentum,
+                        param_dtype=torch.float64)
+    bn = torch.nn.BatchNorm1d(3, momentum=momentum).double()
+    for s, xs in enumerate((full, empty, full)):
+        bn(torch.cat(xs))
+        torch.testing.assert_close(truths[s].running_mean[0], bn.running_mean)
+        torch.testing.assert_close(truths[s].running_var[1], bn.running_var)
+        assert truths[s].num_batches_tracked == [int(bn.num_batches_tracked)] * 2
+    assert truths[1].raises is None
+    assert all(float(w.abs().sum()) == 0 for w in truths[1].grad_weight)
+    assert all(t.isfinite().all() for t in truths[1].grad_weight)
+
+
+def test_one_value_per_channel_in_the_group_is_refused_as_batchnorm_refuses_it():
+    """One value per channel over the whole group: nn.BatchNorm raises, so the oracle stops at that step."""
+    one = [torch.ones(1, 3, dtype=torch.float64), torch.zeros(0, 3, dtype=torch.float64)]
+    two = [torch.ones(2, 3, dtype=torch.float64), torch.zeros(1, 3, dtype=torch.float64)]
+    dys = [[torch.ones_like(x) for x in xs] for xs in (two, one, two)]
+    truths = run_oracle([two, one, two], dys, ["train"] * 3, num_features=3, param_dtype=torch.float64)
+    assert len(truths) == 2 and truths[0].raises is None
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        torch.nn.BatchNorm1d(3)(torch.cat(one).float())
+    assert truths[1].raises.startswith("Expected more than 1 value per channel")
+    # A single value on one rank of a larger group is an ordinary step.
+    single = [torch.ones(1, 3, dtype=torch.float64), torch.zeros(1, 3, dtype=torch.float64)]
+    (t,) = run_oracle([single], [single], ["train"], num_features=3, param_dtype=torch.float64)
+    assert t.raises is None and t.running_var[0].isfinite().all()

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from harness.impls.base import Capabilities
+
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -68,6 +70,8 @@ class _TrainFn(torch.autograd.Function):
             count = float(total)
         else:
             count = float(n)
+        if count == 1:
+            raise ValueError("Expected more than 1 value per channel when training (over the group)")
         invstd = torch.rsqrt(m2 / max(count, 1.0) + torch.tensor(owner.eps, dtype=acc))
         owner.update_running(mean, m2, count)
         w = weight.to(acc) if weight is not None else torch.ones(c, dtype=acc)
@@ -104,6 +108,8 @@ class _TrainFn(torch.autograd.Function):
 
 class Float32SyncBN(nn.Module):
     """SyncBatchNorm's semantics with float32 arithmetic throughout."""
+
+    capabilities = Capabilities(convert=True, double_backward=False, script=False)
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
                  process_group=None):

@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from harness.impls.base import Capabilities
+
 
 def _bshape(x):
     return [1, x.shape[1]] + [1] * (x.dim() - 2)
@@ -62,6 +64,8 @@ class _GatherFn(torch.autograd.Function):
 class GatherSyncBN(nn.Module):
     """SyncBatchNorm through an all_gather of per-rank moments and a hand-written backward."""
 
+    capabilities = Capabilities(convert=True, double_backward=False, script=False)
+
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
                  process_group=None):
         super().__init__()
@@ -98,14 +102,17 @@ class GatherSyncBN(nn.Module):
             return self._affine(y, x)
         group = self.process_group or dist.group.WORLD
         xhat, mean, m2, total = _GatherFn.apply(x, group, self.eps, self)
+        if float(total) == 1:
+            raise ValueError("Expected more than 1 value per channel when training (over the group)")
         if self.track_running_stats:
             with torch.no_grad():
                 self.num_batches_tracked += 1
                 f = 1.0 / float(self.num_batches_tracked) if self.momentum is None else self.momentum
                 n = float(total)
-                unbiased = m2.detach() / (n - 1) if n > 1 else torch.full_like(m2, float("inf"))
-                self.running_mean.copy_((1 - f) * self.running_mean.double() + f * mean.detach())
-                self.running_var.copy_((1 - f) * self.running_var.double() + f * unbiased)
+                if n > 0:  # an empty global batch counts the step and leaves the statistics alone
+                    unbiased = m2.detach() / (n - 1) if n > 1 else torch.full_like(m2, float("inf"))
+                    self.running_mean.copy_((1 - f) * self.running_mean.double() + f * mean.detach())
+                    self.running_var.copy_((1 - f) * self.running_var.double() + f * unbiased)
         return self._affine(xhat, x)
 
     @classmethod

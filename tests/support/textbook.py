@@ -15,9 +15,13 @@ import torch.distributed as dist
 from torch.distributed.nn.functional import all_reduce as diff_all_reduce
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from harness.impls.base import Capabilities
+
 
 class TextbookSyncBN(_BatchNorm):
     """SyncBatchNorm's semantics in ~60 lines of float64 torch."""
+
+    capabilities = Capabilities(convert=True, script=False)
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
                  process_group=None):
@@ -79,7 +83,9 @@ class TextbookSyncBN(_BatchNorm):
             else:
                 xd = x.double()
                 mean, var, n = xd.mean(dims), xd.var(dims, unbiased=False), x.numel() / x.shape[1]
-            if self.training and self.track_running_stats:
+            if self.training and float(n) == 1:
+                raise ValueError("Expected more than 1 value per channel when training (over the group)")
+            if self.training and self.track_running_stats and float(n) > 0:
                 self.update_running(mean.detach(), var.detach(), float(n), factor)
         else:
             mean, var = self.running_mean.double(), self.running_var.double()
