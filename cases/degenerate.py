@@ -17,11 +17,11 @@ global batch, which the oracle follows:
 
 Each variant is crossed with three dtype combinations and both momentum
 rules (0.1, and None: the cumulative average, whose factor counts the empty
-step); the default selection is a pairwise covering subset.
+step), but never half input with momentum=None: that pair is left to
+``search`` (a planted defect needs exactly it, tests/support/search_defects.py).
 """
 
 from harness.catalog.case import Case
-from harness.catalog.covering import pairwise
 
 FAMILY = "degenerate"
 
@@ -49,8 +49,11 @@ def _case(variant: tuple, dtypes: tuple, momentum: tuple, default: bool) -> Case
                 step_batch_sizes=sizes if len(sizes) > 1 else None, input_mean=0.5, default=default)
 
 
+COMBOS = tuple((d, m) for d in DTYPES for m in MOMENTA if not (d[0] == "float16" and m[1] is None))
+
+
 def cases() -> list[Case]:
-    factors = [range(len(VARIANTS)), range(len(DTYPES)), range(len(MOMENTA))]
-    covering = set(pairwise(factors))
-    return [_case(VARIANTS[v], DTYPES[d], MOMENTA[m], (v, d, m) in covering)
-            for v in range(len(VARIANTS)) for d in range(len(DTYPES)) for m in range(len(MOMENTA))]
+    # Default: each variant with two of the five combinations, in turn, so every combination meets several
+    # variants (a pairwise array of two factors would be the whole product).
+    return [_case(VARIANTS[v], *COMBOS[c], (2 * v + c) % len(COMBOS) in (0, 1))
+            for v in range(len(VARIANTS)) for c in range(len(COMBOS))]

@@ -41,6 +41,11 @@ CASE_BACKENDS = (None, "nccl-contract")  # None: the run's backend
 # (harness.scenarios.checkpoint): named here, so the catalog need not import the scenarios.
 CONVERSION_MODELS = ("bn-act", "lazy", "frozen", "config", "no-running-stats", "nested")
 CHECKPOINT_MODES = ("resume-2-3", "resume-3-2", "revert", "rank0-ddp")
+# Model scenarios: how the network is trained beyond its DDP flags. "frozen-norm": every normalization's affine
+# parameters do not require grad (their statistics still train, as a norm config with requires_grad=False
+# does); "data-input": the network's input does not require grad (data, as users feed it; no input gradient
+# is judged).
+MODEL_OPTIONS = ("frozen-norm", "data-input")
 # What users do around a network holding SyncBN (model scenario; harness.scenarios.uses explains each).
 USES = ("checkpoint-layer", "checkpoint-layer-reentrant", "checkpoint-block", "checkpoint-block-reentrant",
         "double-backward", "autocast", "script", "join")
@@ -115,6 +120,7 @@ class Case:
     # Model scenarios: what the user does around the network (USES: checkpointing, a gradient penalty, autocast,
     # TorchScript, DDP's join), see harness.scenarios.uses.
     use: Optional[str] = None
+    options: tuple[str, ...] = ()  # model scenarios: MODEL_OPTIONS
     # Seconds the case may take before it is a hang, where shorter than the run's --timeout: for cases whose
     # expected failure is a hang (DDP's join), so that it costs seconds, not the run's minutes.
     time_limit: Optional[float] = None
@@ -149,6 +155,8 @@ class Case:
                 self.compile) - 1 or any(o not in COMPILE_OPTIONS for o in self.compile[1:])):
             raise ValueError(f"case {self.id}: compile is (backend, *options) with a backend of {COMPILE_BACKENDS} "
                              f"and options among {COMPILE_OPTIONS}, got {self.compile}")
+        if any(o not in MODEL_OPTIONS for o in self.options):
+            raise ValueError(f"case {self.id}: options are among {', '.join(MODEL_OPTIONS)}, got {self.options}")
         if self.use is not None and self.use not in USES:
             raise ValueError(f"case {self.id}: use must be one of {', '.join(USES)}, got {self.use!r}")
         if self.seed < 0:
@@ -207,6 +215,7 @@ class Case:
             "backend": self.backend,
             "compile": list(self.compile),
             "use": self.use,
+            "options": list(self.options),
         }
 
     def sizes_at(self, step: int) -> tuple[int, ...]:
@@ -220,7 +229,7 @@ class Case:
     def from_dict(cls, d: dict) -> "Case":
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
-        for key in ("batch_sizes", "steps", "constant_channels", "ddp", "compile"):
+        for key in ("batch_sizes", "steps", "constant_channels", "ddp", "compile", "options"):
             if key in kw:
                 kw[key] = tuple(kw[key])
         if kw.get("step_batch_sizes") is not None:

@@ -44,28 +44,37 @@ def search(selection, store_dir, budget, max_cases, seed, save, out, shrink_limi
 
     Cases are drawn by hypothesis over every parameter of the layer families (splits with empty ranks,
     subgroups, dtypes, layouts, step sequences, hostile inputs, sizes up to real networks') and run on warm
-    pools. Findings go to the store (the original and the minimal case's records) and to --out. Exit 0 when
-    nothing new was found (known issues do not count), 1 on a new finding, 2 on a usage error, 3 when the
-    harness could not work.
+    pools. --scenario draws training systems instead or beside (repeatable): model, ddp, compile, conversion,
+    validation, activation-checkpoint, double-backward, autocast, script, join; systems for all of them but
+    join (whose expected failure is a 15 s hang); layer for the layer cases (the default). Findings go to the
+    store (the original and the minimal case's records) and to --out. Exit 0 when nothing new was found (known
+    issues do not count), 1 on a new finding, 2 on a usage error, 3 when the harness could not work.
     """
     from harness.errors import UsageError
 
     if selection.case_patterns or selection.exhaustive:
         raise UsageError("search draws its own cases: --case and --exhaustive do not apply (run selects catalog "
                          "cases; search --save promotes what search finds into the catalog)")
-    if set(selection.scenarios) - {"layer"}:
-        raise UsageError(f"--scenario {' '.join(selection.scenarios)}: search draws layer cases only (--scenario "
-                         "layer, the default); run the other scenarios' catalog cases with `syncbn-harness run`")
+    from harness.search.systems import DEFAULT_SYSTEMS, SYSTEMS
+
+    drawn: list[str] = []
+    for name in selection.scenarios or ("layer",):
+        if name not in ("layer", "systems") + SYSTEMS:
+            raise UsageError(f"--scenario {name!r}: search draws layer, systems (every training system but join) "
+                             f"or one of {', '.join(SYSTEMS)}")
+        drawn += list(DEFAULT_SYSTEMS) if name == "systems" else [name]
     budget_s = parse_duration(budget) if budget else (None if max_cases else 300.0)
     shrink_s = parse_duration(shrink_limit) if shrink_limit else None
     result, summary = run_search(selection, store_dir=store_dir or default_store(), budget_s=budget_s,
                                  max_cases=max_cases, seed=seed, save=save, out=Path(out), shrink_limit_s=shrink_s,
-                                 command="syncbn-harness " + shlex.join(sys.argv[1:]))
+                                 command="syncbn-harness " + shlex.join(sys.argv[1:]),
+                                 systems=tuple(dict.fromkeys(drawn)))
     click.echo(summary)
     sys.exit(1 if result.new else 0)
 
 
-def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Path, shrink_limit_s, command):
+def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Path, shrink_limit_s, command,
+               systems: tuple = ("layer",)):
     """The search behind the command: explore, write records, summary and repro files, promote; return them."""
     from harness.buildinfo import build_info
     from harness.engine.session import Session
@@ -77,7 +86,7 @@ def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Pa
 
     from harness.engine import forkserver
 
-    forkserver.prewarm(dynamo=False)  # generated cases are the layer families' (no compile, no optimizer)
+    forkserver.prewarm(dynamo="compile" in systems)  # only the compile system compiles
     impls = selection.resolve_impls()
     opts = selection.run_options(diagnose=False)
     info = build_info()
@@ -106,7 +115,8 @@ def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Pa
     try:
         explorer = Explorer(session, seed=seed, budget_s=budget_s, max_cases=max_cases,
                             shrink_limit_s=shrink_limit_s, backends=backends,
-                            world_sizes=selection.world_sizes or None, on_case=on_case, on_finding=on_finding)
+                            world_sizes=selection.world_sizes or None, systems=systems, on_case=on_case,
+                            on_finding=on_finding)
         result = explorer.run()
     finally:
         session.close(kill=True)

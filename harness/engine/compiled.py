@@ -78,7 +78,9 @@ class Recorder:
         index = len(self.outputs)
         self.outputs.append(output.detach().cpu().clone())
         if input.requires_grad and torch.is_grad_enabled():
-            input.register_hook(lambda g: self.grads.__setitem__(index, g.detach().cpu().clone()))
+            # An undefined gradient (None: an empty rank's, from some implementations) is recorded as none.
+            input.register_hook(lambda g: self.grads.__setitem__(index, None if g is None
+                                                                 else g.detach().cpu().clone()))
         return output
 
     def tensors(self) -> dict[str, torch.Tensor]:

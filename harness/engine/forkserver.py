@@ -45,8 +45,8 @@ DYNAMO_PRELOAD = ("harness.engine.warm_dynamo",)  # torch._dynamo and inductor's
 DYNAMO_SCENARIOS = ("model", "conversion", "checkpoint")
 # Families whose cases all run a scenario outside DYNAMO_SCENARIOS (tests/engine/test_forkserver.py checks
 # this table against the catalog): a selection made only of these starts a forkserver without dynamo.
-LIGHT_FAMILIES = ("allgather-shape", "channels-last", "cuda-graph", "mixed-precision", "module-config", "numerics",
-                  "process-group", "scale", "search")
+LIGHT_FAMILIES = ("allgather-shape", "channels-last", "cuda-graph", "degenerate", "mixed-precision", "module-config",
+                  "numerics", "process-group", "scale", "search")
 
 _started_with: Optional[tuple[str, ...]] = None
 

@@ -4,7 +4,8 @@ The constructor signature is ``(num_features, eps=1e-5, momentum=0.1,
 affine=True, track_running_stats=True, process_group=None)``. The harness builds
 one instance per rank, moves it to the case's device and parameter dtype, and
 calls ``forward(input)``. A plugin may set a ``name`` attribute for display,
-and ``capabilities`` (a :class:`harness.impls.Capabilities`) to declare limits.
+and ``capabilities`` (a :class:`harness.impls.Capabilities`, or a plain dict of
+its fields for a plugin that does not import the harness) to declare limits.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ class PluginImpl(Impl):
                                       f"attribute {self.attr!r}") from None
             self._factory = factory
             caps = getattr(factory, "capabilities", None)
+            if isinstance(caps, dict):  # a plugin that must not import the harness declares a plain dict
+                caps = _capabilities(self.spec, caps)
             if isinstance(caps, Capabilities):
                 self.capabilities = caps
             elif callable(getattr(factory, "convert_sync_batchnorm", None)):
@@ -86,3 +89,14 @@ class PluginImpl(Impl):
 
     def build(self, case: Case, process_group, device: str):
         return construct_like_syncbn(self._load(), case, process_group)
+
+
+def _capabilities(spec: str, declared: dict) -> Capabilities:
+    """``Capabilities`` from a plugin's plain dict (``{"double_backward": False, ...}``), unknown keys refused."""
+    known = set(Capabilities.__dataclass_fields__)
+    unknown = sorted(set(declared) - known)
+    if unknown:
+        raise PluginUnavailable(f"plugin {spec!r}: capabilities has unknown key {unknown[0]!r}: the keys are "
+                                f"{', '.join(sorted(known))}")
+    fields = {k: frozenset(v) if isinstance(v, (list, tuple, set)) else v for k, v in declared.items()}
+    return Capabilities(**fields)

@@ -24,6 +24,9 @@ DDP flags (``case.ddp``): ``broadcast_buffers=False``,
 ``bucket_cap_mb=0.0001`` (one bucket per parameter), ``no_sync=K`` (K
 micro-batches accumulated per optimizer step, the first K-1 under
 ``no_sync()``), ``checkpoint-rank0``; ``ddp`` alone: DDP with defaults.
+Options (``case.options``): ``frozen-norm`` (the normalizations' affine
+parameters do not train, their statistics do), ``data-input`` (the input
+does not require grad). Uses (``case.use``): :mod:`harness.scenarios.uses`.
 """
 
 from __future__ import annotations
@@ -89,23 +92,31 @@ def _optimizer(case: Case, params):
     return None
 
 
+def frozen_names(case: Case, layers) -> set:
+    """The parameters that do not train: every normalization's weight and bias under ``frozen-norm``."""
+    if "frozen-norm" not in case.options:
+        return set()
+    return {f"{layer[1]}.{w}" for layer in layers if layer[0] == "bn" for w in ("weight", "bias")}
+
+
 class Oracle:
     """The float64 network over the global batch, stepped in lockstep with the ranks."""
 
     def __init__(self, case: Case, layers, state: dict):
         self.case, self.layers = case, layers
         self.names = networks.parameter_names(layers)
+        self.frozen = frozen_names(case, layers)
         pdtype = DTYPES[case.param_dtype]
         # Start from what the ranks hold: the parameters rounded to their dtype.
-        self.params = {n: state[n].to(pdtype).double().requires_grad_(True) for n in self.names}
+        self.params = {n: state[n].to(pdtype).double().requires_grad_(n not in self.frozen) for n in self.names}
         self.buffers = {n: (v.to(pdtype).double() if v.is_floating_point() else v.clone())
                         for n, v in state.items() if n not in self.names}
-        self.opt = _optimizer(case, list(self.params.values()))
+        self.opt = _optimizer(case, [p for p in self.params.values() if p.requires_grad])
 
     def forward(self, xs: list[torch.Tensor], train: bool) -> list[torch.Tensor]:
         """Every rank's output (float64, with its graph when training); buffers updated when training."""
-        self._copies = [{n: p.detach().clone().requires_grad_(train) for n, p in self.params.items()}
-                        for _ in range(len(xs))]
+        self._copies = [{n: p.detach().clone().requires_grad_(train and n not in self.frozen)
+                         for n, p in self.params.items()} for _ in range(len(xs))]
         self._xs = [x.to(torch.float64).requires_grad_(train) for x in xs]
         return networks.oracle_forward(self.layers, self._copies, self.buffers, self._xs, train=train,
                                        eps=self.case.eps, momentum=self.case.momentum,
@@ -119,6 +130,8 @@ class Oracle:
         shares = [{n: c[n].grad for n in self.names} for c in self._copies]
         if ddp:
             for n, p in self.params.items():
+                if n in self.frozen:
+                    continue
                 mean = sum(s[n] for s in shares) / world
                 p.grad = mean if p.grad is None else p.grad + mean
         return [x.grad for x in self._xs], shares, penalized
@@ -157,6 +170,8 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         for name, value in own.items():
             current[name].copy_(value)
     oracle = Oracle(case, layers, checkpoint if checkpoint is not None else state)
+    for name, p in net.named_parameters():
+        p.requires_grad_(name not in oracle.frozen)
     ddp = bool(case.ddp)
     model = net
     if ddp:
@@ -166,7 +181,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
             model = DistributedDataParallel(net, **_ddp_kwargs(case, group))
         if impl.ddp_note:
             result.mode = f"{impl.mode}; {impl.ddp_note}"
-    opt = _optimizer(case, list(net.parameters()))
+    opt = _optimizer(case, [p for p in net.parameters() if p.requires_grad])
     k = accumulation(case)
     depth = networks.depth(layers)
     metrics: list[tuple[str, Metric]] = []
@@ -187,7 +202,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         gs = upstream(case, s, [tuple(y.shape) for y in ys])
         grad_inputs, shares, penalized = oracle.backward(ys, gs, ddp, ws) if train else (None, None, None)
         reduction = sum(int(x.numel() // x.shape[1]) for x in xs)
-        x = xs[rank].to(device).detach().clone().requires_grad_(train)
+        x = xs[rank].to(device).detach().clone().requires_grad_(train and "data-input" not in case.options)
         last_micro = (s + 1) % k == 0
         sync = contextlib.nullcontext() if (not ddp or last_micro or not train) else model.no_sync()
         quiet = ctx.forbid_collectives(f"evaluation on ranks {[r for r in range(ws) if evaluates(kind, r, ws)]} "
@@ -199,11 +214,11 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         tag = f"step{s}.{STEP_KINDS[kind]}"
 
         def judge(name, got, true, dtype=None, tag=tag, reduction=reduction, s=s):
-            tol = network_tolerance(true, tol_case, reduction, depth, s) * slack
+            tol = network_tolerance(true, tol_case, reduction, depth, s, normwise=bool(rounding)) * slack
             metrics.append((f"{tag}.{name}", compare_tensor(_cpu(got), true, tol, dtype=dtype)))
 
         judge("output", y, ys[rank].detach(), out_dtype)
-        if train:
+        if train and x.requires_grad:
             judge("grad_input", x.grad, grad_inputs[rank], DTYPES[case.dtype])
         if penalized is not None:
             judge("penalized_grad_input", mine, penalized[rank], DTYPES[case.dtype])
@@ -211,6 +226,8 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         step_done = train and (not ddp or last_micro)
         if step_done:
             for name, p in net.named_parameters():
+                if not p.requires_grad:
+                    continue  # frozen: no gradient to judge (its value is judged below: it must not move)
                 true = oracle.params[name].grad if ddp else shares[rank][name]
                 judge(f"grad.{name}", p.grad, true, pdtype)
                 if ddp:

@@ -28,6 +28,9 @@ CLASSES = 4
 
 SPECS = {
     "bn-chain": lambda cin: [("bn", "bn1", cin), ("bn", "bn2", cin), ("bn", "bn3", cin)],
+    # A normalization first, on the data itself (input normalization), then a conv block.
+    "bn-first": lambda cin: [("bn", "bn0", cin), ("relu",), ("conv", "conv1", cin, WIDTH, 3), ("bn", "bn1", WIDTH),
+                             ("pool",), ("linear", "fc", WIDTH, CLASSES)],
     "cnn": lambda cin: [("conv", "conv1", cin, WIDTH, 3), ("bn", "bn1", WIDTH), ("relu",),
                         ("conv", "conv2", WIDTH, WIDTH, 3), ("bn", "bn2", WIDTH), ("pool",),
                         ("linear", "fc", WIDTH, CLASSES)],

@@ -40,11 +40,13 @@ import torch
 from harness.catalog.case import USES  # noqa: F401 - the names, kept with the case's fields
 PENALTY = 0.5  # weight of the gradient penalty
 # Autocast rounds every layer's output to its dtype in the forward and every gradient in the backward, and the
-# weight gradients reduce products of two rounded operands: the model budget (one rounding per layer, forward
-# only) times 8. Both the reference and torch's layer reach up to 4.4 times the unscaled budget in the
-# autocast family, and errors of the same size on both. A defect of the layer under autocast (statistics
-# reduced in bfloat16, a half count) moves results by percents, far beyond it.
-AUTOCAST_SLACK = 8.0
+# weight gradients reduce products of two rounded operands, whose errors an element that cancels keeps whole:
+# the model budget with the autocast dtype's roundoff, normwise (every element gets the budget of the tensor's
+# largest), times 4. Correct layers (the reference, an independent one, torch's) used at most 0.52 of it over
+# the autocast family and 120 generated autocast cases (2.1 times the unscaled normwise budget). It is coarse,
+# tens of percent of the tensor's largest value after a few steps: it catches a lost momentum rule, NaN, the
+# statistics of the wrong batch, and the output dtype exactly, not a reduction rounded to bfloat16.
+AUTOCAST_SLACK = 4.0
 
 
 def checkpointing(case) -> Optional[tuple[str, bool]]:

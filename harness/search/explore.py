@@ -42,6 +42,7 @@ from harness.catalog.case import Case
 from harness.errors import UsageError
 from harness.results.records import Record
 from harness.search.signature import signature
+from harness.search import systems as training
 from harness.search.space import WORLD_SIZES, size_of, strategy, without_rank
 
 ROUND = 25  # cases drawn per hypothesis run before the budget is looked at again
@@ -140,7 +141,7 @@ class Explorer:
 
     def __init__(self, session, *, seed: int = 0, budget_s: Optional[float] = None, max_cases: Optional[int] = None,
                  shrink_limit_s: Optional[float] = None, backends: tuple = (None, "nccl-contract"),
-                 world_sizes: Optional[tuple] = None, allow_large: bool = True,
+                 world_sizes: Optional[tuple] = None, allow_large: bool = True, systems: tuple = ("layer",),
                  on_case: Optional[Callable[["Explorer"], None]] = None,
                  on_finding: Optional[Callable[[Finding], None]] = None):
         if budget_s is None and max_cases is None:
@@ -154,6 +155,11 @@ class Explorer:
         self.backends = backends
         self.world_sizes = tuple(world_sizes or WORLD_SIZES)
         self.allow_large = allow_large
+        unknown = [s for s in systems if s != "layer" and s not in training.SYSTEMS]
+        if unknown or not systems:
+            raise UsageError(f"--scenario {unknown[0] if unknown else ''!r}: search draws layer, systems (every "
+                             f"training system but join) or one of {', '.join(training.SYSTEMS)}")
+        self.systems = tuple(systems)
         wrong = [w for w in self.world_sizes if w not in WORLD_SIZES]
         if wrong:
             raise UsageError(f"--world-size {wrong[0]}: search draws world sizes among "
@@ -242,7 +248,8 @@ class Explorer:
         while improved and case.world_size > 2 and time.monotonic() <= self._shrink_until:
             improved = False
             for rank in range(case.world_size):
-                smaller = without_rank(case, rank)
+                # A training-system case's ranks are one drawn list, which hypothesis shortens itself.
+                smaller = without_rank(case, rank) if training.system_of(case) is None else None
                 if smaller is None:
                     continue
                 if (smaller.id, impl.name) not in self._memo:
@@ -270,7 +277,7 @@ class Explorer:
         @settings(max_examples=examples, database=None, deadline=None, derandomize=False,
                   suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink),
                   report_multiple_bugs=False, verbosity=Verbosity.quiet, print_blob=False)
-        @given(strategy(self.backends, self.world_sizes, self.allow_large))
+        @given(self._strategy())
         def prop(case):
             self._property(case)
 
@@ -291,6 +298,21 @@ class Explorer:
             if self._shrink_started is not None:
                 self._shrink_s += time.monotonic() - self._shrink_started
                 self._shrink_started = None
+
+    def _strategy(self):
+        """Layer cases, training-system cases, or either (hypothesis shrinks a ``one_of`` toward its first)."""
+        from hypothesis import strategies as st
+
+        parts = []
+        if "layer" in self.systems:
+            parts.append(strategy(self.backends, self.world_sizes, self.allow_large))
+        rest = tuple(s for s in self.systems if s != "layer")
+        sizes = tuple(w for w in self.world_sizes if w in (2, 3))
+        if rest and sizes:
+            parts.append(training.strategy(rest, sizes))
+        if not parts:
+            raise UsageError("--world-size: training systems are drawn with 2 or 3 ranks")
+        return parts[0] if len(parts) == 1 else st.one_of(parts)
 
     def run(self) -> SearchResult:
         """Explore until the budget is spent; return what was found."""

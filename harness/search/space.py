@@ -242,7 +242,7 @@ def without_rank(case: Case, rank: int) -> Optional[Case]:
     fields = {k: v for k, v in case.to_dict().items() if k not in ("id", "family", "default", "note")}
     fields.update(batch_sizes=tuple(case.batch_sizes[r] for r in keep), spatial=tuple(case.spatial[r] for r in keep),
                   step_batch_sizes=step_sizes, groups=groups)
-    for key in ("steps", "constant_channels", "ddp", "compile"):
+    for key in ("steps", "constant_channels", "ddp", "compile", "options"):
         fields[key] = tuple(fields[key])
     counts = [[b * math.prod(sp) for b, sp in zip(step_sizes[s] if step_sizes else fields["batch_sizes"],
                                                    fields["spatial"])] for s in range(len(case.steps))]

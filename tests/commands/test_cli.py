@@ -201,12 +201,12 @@ def test_run_reference_json_all_pass(tmp_path):
     assert sorted(r["case"] for r in records) == sorted(c.id for c in catalog.select())
     for r in records:
         assert RECORD_KEYS <= set(r) and PARAM_KEYS <= set(r["params"])
-        if r["status"] == "unsupported":  # the reference's fullgraph compile cases: said, never run
-            assert "fullgraph" in r["message"] and r["params"]["compile"], r["message"]
+        if r["status"] == "unsupported":  # what the reference declares it cannot do: said, never run
+            assert any(w in r["message"] for w in ("fullgraph", "double backward", "torch.jit.script")), r["message"]
             continue
         assert len(r["ranks"]) == r["world_size"]
-        if (r["known_issue"] or {}).get("matched"):  # DDP's own defects, met by every implementation
-            assert r["family"] == "ddp", r["case"]
+        if (r["known_issue"] or {}).get("matched"):  # DDP's and checkpoint's own, met by every implementation
+            assert r["family"] in ("ddp", "activation-checkpoint", "join"), r["case"]
             continue
         assert r["status"] == "pass", (r["case"], r["message"])
         assert r["metrics"] and all(m["ok"] for m in r["metrics"].values())

@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harness.impls.base import Capabilities
 
 
 def _acc(dtype: torch.dtype) -> torch.dtype:
@@ -109,7 +108,8 @@ class _TrainFn(torch.autograd.Function):
 class Float32SyncBN(nn.Module):
     """SyncBatchNorm's semantics with float32 arithmetic throughout."""
 
-    capabilities = Capabilities(convert=True, double_backward=False, script=False)
+    # Declared as a plain dict: this file runs where the harness is not installed (repro tests).
+    capabilities = {"convert": True, "double_backward": False, "script": False}
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
                  process_group=None):

@@ -15,7 +15,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from harness.impls.base import Capabilities
 
 
 def _bshape(x):
@@ -64,7 +63,8 @@ class _GatherFn(torch.autograd.Function):
 class GatherSyncBN(nn.Module):
     """SyncBatchNorm through an all_gather of per-rank moments and a hand-written backward."""
 
-    capabilities = Capabilities(convert=True, double_backward=False, script=False)
+    # Declared as a plain dict: this file runs where the harness is not installed (repro tests).
+    capabilities = {"convert": True, "double_backward": False, "script": False}
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
                  process_group=None):
