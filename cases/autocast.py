@@ -13,8 +13,9 @@ Catches:
 - statistics computed in the low precision instead of float32.
 
 Judged with the autocast dtype's rounding against the float64 network.
-Networks, DDP or none, training then evaluation, and batch layouts (one with
-an empty rank); the default selection is pairwise.
+Networks, DDP or none, training then evaluation (or validation on rank 0
+between training steps), and batch layouts (one with an empty rank); the
+default selection is pairwise.
 """
 
 from harness.catalog.case import Case
@@ -24,7 +25,7 @@ FAMILY = "autocast"
 
 NETWORKS = ("cnn", "resblock")
 WRAPS = (("local", ()), ("ddp", ("ddp",)))
-STEPS = (("train-eval", ("train", "train", "eval")), ("two-forwards", ("fwd", "train", "eval")))
+STEPS = (("train-eval", ("train", "train", "eval")), ("validation", ("train", "eval-rank0", "train", "eval")))
 LAYOUTS = (("uneven-3-5", (3, 5)), ("empty-2-0-3", (2, 0, 3)))
 
 

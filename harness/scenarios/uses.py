@@ -42,11 +42,12 @@ PENALTY = 0.5  # weight of the gradient penalty
 # Autocast rounds every layer's output to its dtype in the forward and every gradient in the backward, and the
 # weight gradients reduce products of two rounded operands, whose errors an element that cancels keeps whole:
 # the model budget with the autocast dtype's roundoff, normwise (every element gets the budget of the tensor's
-# largest), times 4. Correct layers (the reference, an independent one, torch's) used at most 0.52 of it over
-# the autocast family and 120 generated autocast cases (2.1 times the unscaled normwise budget). It is coarse,
-# tens of percent of the tensor's largest value after a few steps: it catches a lost momentum rule, NaN, the
-# statistics of the wrong batch, and the output dtype exactly, not a reduction rounded to bfloat16.
-AUTOCAST_SLACK = 4.0
+# largest), times 8. Correct layers (the reference, three independent ones, torch's) used at most 0.14 of it
+# over the autocast family's full product and 0.26 over 240 generated autocast cases; the most seen, 0.43, was
+# a residual block's input gradient. It is coarse, tens of percent of the tensor's largest value after a few
+# steps: it catches a lost momentum rule, NaN, the statistics of the wrong batch, and the output dtype
+# exactly, not a reduction rounded to bfloat16.
+AUTOCAST_SLACK = 8.0
 
 
 def checkpointing(case) -> Optional[tuple[str, bool]]:

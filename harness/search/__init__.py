@@ -1,6 +1,8 @@
 """``search``: find what nobody listed, at the sizes users train at.
 
 - :mod:`~harness.search.space`: the hypothesis strategy of generated layer cases and their IDs;
+- :mod:`~harness.search.systems`: the strategy of generated training-system cases (networks, DDP, conversion,
+  compile, the training uses), ``--scenario``;
 - :mod:`~harness.search.signature`: how a record fails, in a few words (what shrinking keeps, what findings
   are grouped by);
 - :mod:`~harness.search.explore`: rounds of exploration and shrinking on warm pools, memoized and budgeted;

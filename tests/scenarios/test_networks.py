@@ -46,5 +46,5 @@ def test_the_oracle_is_the_network_over_the_global_batch(name):
 
 
 def test_an_unknown_network_names_the_known_ones():
-    with pytest.raises(ValueError, match="unknown network 'vgg': one of bn-chain, cnn, resblock"):
+    with pytest.raises(ValueError, match="unknown network 'vgg': one of bn-chain, bn-first, cnn, resblock"):
         networks.spec("vgg", 3)
