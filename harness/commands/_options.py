@@ -40,7 +40,8 @@ def selection_options(fn=None, *, timeout: bool = True):
                      help="Only cases of this world size (repeatable)."),
         click.option("--scenario", "scenarios", multiple=True, metavar="NAME",
                      help="Only cases of this scenario (repeatable): layer, model, conversion, checkpoint, "
-                          "cuda_graph."),
+                          "cuda_graph. For search: what it draws (layer, systems, or a training system by name; "
+                          "see search --help)."),
     ]
     if timeout:
         opts.append(click.option("--timeout", type=click.FloatRange(min=0.1), default=None,
