@@ -93,10 +93,12 @@ def _drawable(pattern: str) -> bool:
     from hypothesis import HealthCheck, find, settings
     from hypothesis.errors import NoSuchExample
 
-    from harness.search import space
+    from harness.search import space, systems
 
+    # A training-system pattern is drawn from the systems strategy, join included (search draws it when named).
+    drawn = systems.strategy(systems.SYSTEMS) if pattern.startswith("search/system/") else space.strategy()
     try:
-        find(space.strategy(), lambda c: fnmatch.fnmatchcase(c.id, pattern),
+        find(drawn, lambda c: fnmatch.fnmatchcase(c.id, pattern),
              settings=settings(max_examples=2000, database=None, suppress_health_check=list(HealthCheck)))
     except NoSuchExample:
         return False
