@@ -5,6 +5,13 @@ every test that spawns processes must leave none behind. Tests whose rank
 processes import plugins from ``tests/support`` take :func:`support_on_path`. Tests marked ``cuda``
 are skipped, saying why, where torch sees no GPU (:func:`no_gpu_reason`);
 ``nox -s gpu`` runs them where it does.
+
+Two tiers: tests marked ``sweep(seconds)`` (20 s or more on two cores: sweeps
+over a selection, searches, bisections over built environments) are left out
+by default (``-m "not sweep"`` in the project's pytest options) and run with
+``-m sweep``, which ``.ci/run`` gives after the main suite. Within a run the
+longest go first (by their measured seconds, then ``slow``), so that neither
+xdist worker is left with a long test at the end while the other idles.
 """
 
 from __future__ import annotations
@@ -65,7 +72,17 @@ def no_gpu_reason():
             "`syncbn-harness gpu-suite` runs these on a machine with a GPU")
 
 
+def expected_seconds(item) -> float:
+    """What ordering goes by: a sweep's measured seconds, a few for a ``slow`` test, none otherwise."""
+    sweep = item.get_closest_marker("sweep")
+    if sweep is not None:
+        return float(sweep.args[0]) if sweep.args else 20.0
+    return 5.0 if item.get_closest_marker("slow") is not None else 0.0
+
+
 def pytest_collection_modifyitems(config, items):
+    # Stable: tests of equal weight keep their file order (every xdist worker must collect the same order).
+    items.sort(key=lambda item: -expected_seconds(item))
     cuda_items = [item for item in items if item.get_closest_marker("cuda") is not None]
     reason = no_gpu_reason() if cuda_items else None
     if reason:

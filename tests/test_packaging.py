@@ -40,6 +40,7 @@ def test_the_wheel_holds_every_module_and_data_file(wheel):
     assert any(n.endswith("entry_points.txt") for n in names)
 
 
+@pytest.mark.sweep(59)
 @pytest.mark.slow
 def test_a_non_editable_install_runs_from_outside_the_checkout(wheel, tmp_path):
     venv = tmp_path / "venv"

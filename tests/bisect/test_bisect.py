@@ -235,6 +235,7 @@ def build_wheels(dest: Path, versions=range(1, 9), defect_from=5, broken=(6,), u
     return wheels
 
 
+@pytest.mark.sweep(20)
 @pytest.mark.slow
 def test_bisect_over_real_environments_lands_on_the_defect_and_reuses_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SYNCBN_HARNESS_CACHE", str(tmp_path / "cache"))

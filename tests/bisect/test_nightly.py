@@ -150,6 +150,7 @@ def build_nightly_wheels(dest: Path, nightly: dict) -> Path:
     return wheels
 
 
+@pytest.mark.sweep(21)
 @pytest.mark.slow
 def test_date_bisection_skips_the_missing_day_and_names_the_commits(tmp_path, monkeypatch):
     monkeypatch.setenv("SYNCBN_HARNESS_CACHE", str(tmp_path / "cache"))

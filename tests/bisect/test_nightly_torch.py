@@ -77,6 +77,7 @@ def torch_wheel(dest: Path, version: str, git_version: str, python_files: dict[s
     return path
 
 
+@pytest.mark.sweep(141)
 @pytest.mark.slow
 def test_a_date_bisection_goes_inside_the_day_over_the_closer_nightly(tmp_path, monkeypatch, kernels):
     isolated_cache(tmp_path, monkeypatch)

@@ -93,6 +93,7 @@ def test_too_far_and_unknown_base_are_refused_before_anything_is_made(tmp_path, 
     assert not (tmp_path / "cache" / "overlays").exists()
 
 
+@pytest.mark.sweep(44)
 @pytest.mark.slow
 def test_overlay_bisection_finds_the_planted_commit_and_reuses_everything(tmp_path, monkeypatch, kernels):
     isolated_cache(tmp_path, monkeypatch)

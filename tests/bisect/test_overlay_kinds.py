@@ -49,6 +49,7 @@ def interleaved(repo: PytorchRepo) -> list[str]:
             repo.commit("DDP: comment in distributed.py", harmless(FILES[2], 1))]
 
 
+@pytest.mark.sweep(47)
 @pytest.mark.slow
 def test_a_python_defect_among_off_path_cpp_commits_is_found_exactly(tmp_path, monkeypatch, kernels):
     isolated_cache(tmp_path, monkeypatch)
@@ -127,6 +128,7 @@ def test_a_compiled_culprit_on_the_path_is_named_with_the_commands_that_build_on
     assert (tmp_path / "built").read_text().count("built") == 1
 
 
+@pytest.mark.sweep(29)
 @pytest.mark.slow
 def test_with_two_binaries_each_commit_lies_over_the_closer_one(tmp_path, monkeypatch, kernels):
     isolated_cache(tmp_path, monkeypatch)

@@ -174,6 +174,7 @@ def test_unknown_pattern_names_the_families():
         catalog.select(["nosuch/*"])
 
 
+@pytest.mark.sweep(30)
 @pytest.mark.slow
 def test_pytest_collects_and_runs_cases_with_xdist_and_junit(tmp_path):
     """`pytest cases/ -n 2 --junitxml` with real pools per worker; a known issue is an xfail."""

@@ -188,6 +188,7 @@ def test_the_summary_fits_100_columns_with_ten_implementations():
     assert "3P 3M 2E 2C 2U" in next(ln for ln in lines if ln.startswith("mixed-precision "))
 
 
+@pytest.mark.sweep(60)
 @pytest.mark.slow
 def test_run_reference_json_all_pass(tmp_path):
     """`run --impl reference --device cpu --format json` prints passing records with every contracted field."""

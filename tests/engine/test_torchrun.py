@@ -86,6 +86,7 @@ def fixed_codes(codes, outs):
             else code for code, (_, err) in zip(codes, outs)]
 
 
+@pytest.mark.sweep(21)
 @pytest.mark.slow
 def test_resume_under_torchrun_runs_only_what_the_store_lacks(tmp_path):
     """The writing rank reads the store once, before anything is appended; every rank runs its pending pairs."""
@@ -102,6 +103,7 @@ def test_resume_under_torchrun_runs_only_what_the_store_lacks(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.sweep(58)
 @pytest.mark.parametrize("probe,status,how", [("RaiseOnRank1", "error", "RuntimeError"),
                                               ("SegfaultOnRank1", "crash", "SIGSEGV"),
                                               ("SleepOnRank1", "hang", "misbehave")])

@@ -60,6 +60,7 @@ def judged(cases):
             and "fullgraph" not in c.compile]
 
 
+@pytest.mark.sweep(172)
 @pytest.mark.slow
 def test_correct_implementations_raise_no_alarm_on_the_default_selection():
     cases = judged(catalog.select())
@@ -68,6 +69,7 @@ def test_correct_implementations_raise_no_alarm_on_the_default_selection():
     assert_quiet(run(impls, cases), 3 * len(cases))
 
 
+@pytest.mark.sweep(441)
 @pytest.mark.slow
 def test_the_float32_implementation_and_the_reference_are_quiet_on_the_full_product():
     """Every family's full product but DDP's (its product varies DDP's flags, not SyncBN's arithmetic, and

@@ -53,6 +53,7 @@ def run_standalone(path: Path, plugin_dir: Path, *, launcher=(), cwd=None) -> su
                           cwd=cwd or path.parent)
 
 
+@pytest.mark.sweep(23)
 @pytest.mark.slow
 def test_repro_fails_for_the_defect_and_passes_without_it(plugins, tmp_path):
     bad_file, good_file = tmp_path / "repro_biased.py", tmp_path / "repro_good.py"
@@ -127,6 +128,7 @@ def test_repro_refuses_an_ambiguous_case(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.sweep(78)
 @pytest.mark.parametrize("case", ["ddp/cnn-sgd/broadcast-buffers-True-default-plain/float32/ws2",
                                   "conversion/config/float32/uneven-3-5/ws2",
                                   "conversion/checkpoint-revert/config/float32/ws2"])

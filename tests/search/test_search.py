@@ -45,6 +45,7 @@ def _defects():
     return search_defects.SEARCH_ONLY
 
 
+@pytest.mark.sweep(44)
 def test_correct_implementations_raise_no_finding():
     result = explore(["reference", "float32_syncbn:Float32SyncBN"], seed=11, max_cases=SWEEP)
     assert result.cases_explored == SWEEP
@@ -53,6 +54,7 @@ def test_correct_implementations_raise_no_finding():
                                      for f in result.new)
 
 
+@pytest.mark.sweep(66)
 @pytest.mark.parametrize("defect", sorted(_defects(), key=lambda c: c.__name__), ids=lambda c: c.__name__)
 def test_search_only_defect_passes_the_default_layer_selection(defect):
     # Layer cases a correct textbook SyncBN runs (it need not compile under fullgraph=True: test_judgement leaves
@@ -66,6 +68,7 @@ def test_search_only_defect_passes_the_default_layer_selection(defect):
     assert not failed, "\n".join(failed)
 
 
+@pytest.mark.sweep(252)
 @pytest.mark.parametrize("defect", sorted(_defects(), key=lambda c: c.__name__), ids=lambda c: c.__name__)
 def test_search_finds_and_shrinks_the_defect(defect):
     needs, corrupts = _defects()[defect]
@@ -88,6 +91,7 @@ def test_search_finds_and_shrinks_the_defect(defect):
     assert small.world_size == 2 and small.channels <= 2 and small.input_layout == "dense"
 
 
+@pytest.mark.sweep(29)
 def test_cli_search_writes_summary_repro_and_promotes(tmp_path):
     out, store, found = tmp_path / "out", tmp_path / "store", tmp_path / "found.json"
     env = {**os.environ, "SYNCBN_HARNESS_FOUND": str(found)}

@@ -47,6 +47,7 @@ def _defects():
     return training_defects.SEARCH_ONLY
 
 
+@pytest.mark.sweep(125)
 def test_training_system_defects_pass_the_default_selection():
     # As tests/judge/test_judgement.py judges independent layers: not the conversion models whose traps their
     # textbook converters meet by design, not fullgraph compiles (a correct SyncBN may break the graph).
@@ -59,6 +60,7 @@ def test_training_system_defects_pass_the_default_selection():
     assert not caught, "\n".join(caught)
 
 
+@pytest.mark.sweep(152)
 @pytest.mark.parametrize("defect", sorted(_defects(), key=lambda c: c.__name__), ids=lambda c: c.__name__)
 def test_search_finds_and_shrinks_the_training_system_defect(defect):
     needs, words = _defects()[defect]
@@ -74,6 +76,7 @@ def test_search_finds_and_shrinks_the_training_system_defect(defect):
     assert system_of(m) in ("model", "autocast"), m.id
 
 
+@pytest.mark.sweep(30)
 def test_correct_implementations_raise_no_finding_over_training_systems():
     result = explore(["reference"], DEFAULT_SYSTEMS, seed=5, max_cases=CONTROL_CASES)
     assert result.cases_explored == CONTROL_CASES
