@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness import bench, catalog
+from harness import catalog
+from harness.bench import pool as bench
 
 
 def test_pool_benchmark_cases_exist():
@@ -25,7 +26,7 @@ def test_every_command_of_bench_run_parses_with_this_cli(tmp_path):
     """A figure whose command line this CLI refuses would only show up as a failed bench, at the end of it."""
     import click
 
-    from harness import bench_commands
+    from harness.bench import commands as bench_commands
     from harness.commands import cli, load_commands
     from harness.commands.bench import FIGURE_NAMES
 
@@ -39,7 +40,7 @@ def test_every_command_of_bench_run_parses_with_this_cli(tmp_path):
 
 
 def test_every_scaling_implementation_resolves(monkeypatch):
-    from harness import bench_commands
+    from harness.bench import commands as bench_commands
     from harness.impls import resolve_impls
 
     assert len(bench_commands.SCALING_IMPLS) == 10
@@ -53,7 +54,7 @@ def test_bench_run_times_this_tree_against_an_exported_commit(tmp_path):
     import sys
     import tempfile
 
-    from harness import bench_commands
+    from harness.bench import commands as bench_commands
 
     root = bench_commands.repository_root(bench_commands.Path(bench_commands.__file__).parent)
     if not (root / ".git").exists():
@@ -79,7 +80,7 @@ def test_the_next_command_waits_until_the_last_one_left_nothing_running():
     import subprocess
     import time
 
-    from harness.bench_commands import _running_in, await_quiet
+    from harness.bench.commands import _running_in, await_quiet
 
     proc = subprocess.Popen(["bash", "-c", "sleep 1 & exit 0"], start_new_session=True)
     proc.wait(timeout=30)

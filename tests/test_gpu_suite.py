@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import bench_cuda, catalog
+from harness import catalog
+from harness.bench import device_kernels as bench_cuda, timing
 from harness.engine.rank import gpu_index
 from harness.engine.session import RunOptions, Session, gpu_shortage, resolve_impls
 from harness.impls import resolve
@@ -166,7 +167,7 @@ def test_the_cuda_bench_code_runs_end_to_end_on_cpu_through_the_emulation():
         "import json, torch\n"
         "from harness.impls import torch_emulation\n"
         "torch_emulation.install()\n"
-        "from harness.bench_cuda import bench_device_kernels\n"
+        "from harness.bench.device_kernels import bench_device_kernels\n"
         "shapes = [('s', (4, 6, 5, 3), torch.float16, torch.channels_last),"
         " ('t', (3, 5, 4), torch.float32, torch.contiguous_format)]\n"
         "lines = []\n"
@@ -198,7 +199,7 @@ def test_bench_kernels_on_cuda_without_a_gpu_names_the_fix():
 @pytest.mark.cuda
 def test_the_cuda_timer_measures_gpu_time():
     cycles = 50_000_000  # tens of ms of GPU time, launched in microseconds
-    t = bench_cuda.cuda_median_time(lambda: torch.cuda._sleep(cycles), repeat=3, warmup=1)
+    t = timing.cuda_median_time(lambda: torch.cuda._sleep(cycles), repeat=3, warmup=1)
     rate_khz = getattr(torch.cuda.get_device_properties(0), "clock_rate", None) or 2_000_000
     assert t > 0.2 * cycles / (rate_khz * 1e3), t
 

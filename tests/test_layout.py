@@ -37,8 +37,7 @@ LAYERS = [
     ("engine",),                     # pools, ranks, torchrun, attribution, the run plan
     ("repro",),                      # standalone repro files
     ("search", "bisect"),            # exploring the case space; bisecting builds
-    ("bench", "bench_commands"),     # benchmarks on CPU; whole commands against a baseline commit
-    ("bench_cuda", "bench_store"),   # benchmarks of the CUDA kernels (the CPU ones' machinery); of the store
+    ("bench",),                      # benchmarks: kernels, the pool, whole commands, the store
     ("gpu_suite",),                  # everything CUDA on a GPU machine, bounded and packed
     ("commands",),                   # the command line
     ("__main__",),                   # ``python -m harness``

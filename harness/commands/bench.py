@@ -8,7 +8,7 @@ import click
 
 from harness.commands import cli
 
-# The figures of `bench run` (harness.bench_commands.FIGURES), named here so that --help needs no import.
+# The figures of `bench run` (harness.bench.commands.FIGURES), named here so that --help needs no import.
 FIGURE_NAMES = ("startup", "check-one", "run-one", "layer", "ddp", "compile", "default", "impls-1", "impls-3",
                 "impls-10", "search", "search-fail")
 
@@ -30,11 +30,11 @@ def bench_kernels_cmd(repeat, fmt, device):
     echo = (lambda *a, **k: None) if fmt == "json" else click.echo
     if device == "cuda":
         require_gpu()
-        from harness.bench_cuda import bench_device_kernels
+        from harness.bench.device_kernels import bench_device_kernels
 
         figures = bench_device_kernels("cuda", repeat=repeat or 20, echo=echo)
     else:
-        from harness.bench import bench_kernels
+        from harness.bench.kernels import bench_kernels
 
         figures = bench_kernels(repeat=repeat or 7, echo=echo)
     if fmt == "json":
@@ -46,7 +46,7 @@ def bench_kernels_cmd(repeat, fmt, device):
 @click.option("--fresh-cases", type=click.IntRange(min=1), default=5, help="Cases run with a fresh process group each.")
 def bench_pool_cmd(cases, fresh_cases):
     """Warm pool against a fresh process group per case, at world size 2."""
-    from harness.bench import bench_pool
+    from harness.bench.pool import bench_pool
 
     bench_pool(cases=cases, fresh_cases=fresh_cases, echo=click.echo)
 
@@ -77,7 +77,7 @@ def require_gpu() -> None:
 def bench_run_cmd(baseline, figures, repeat, no_warmup, fmt):
     """Whole commands (start-up, one case, the layer/ddp/compile/default selections, 1-3-10 implementations, a
     search) of this tree, against a baseline commit measured turn by turn in the same sitting."""
-    from harness.bench_commands import bench_run
+    from harness.bench.commands import bench_run
 
     echo = (lambda *a, **k: click.echo(*a, err=True, **k)) if fmt == "json" else click.echo
     rows = bench_run(baseline, tuple(figures) or FIGURE_NAMES, repeat, not no_warmup, echo=echo)
@@ -102,7 +102,7 @@ def bench_run_cmd(baseline, figures, repeat, no_warmup, fmt):
 def bench_store_cmd(sizes, builds, source, baseline, baseline_max, keep, fmt):
     """report (first indexing, then over the index) and diff over synthetic stores of real records: wall time and
     peak resident memory per command, against a baseline commit on the same stores."""
-    from harness.bench_store import bench_store
+    from harness.bench.store import bench_store
     from harness.errors import UsageError
 
     try:

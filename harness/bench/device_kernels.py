@@ -24,10 +24,11 @@ emulation), which exercises every line but gives ratios near 1 by construction.
 
 from __future__ import annotations
 
-import statistics
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
+
+from harness.bench.timing import cuda_median_time
 
 CUDA_SHAPES = [
     ("N64 C256 56x56 float32 contiguous", (64, 256, 56, 56), torch.float32, torch.contiguous_format),
@@ -86,22 +87,6 @@ def derive(times: dict[str, float], nbytes: int, peak: Optional[float] = None) -
     }
 
 
-def cuda_median_time(fn: Callable[[], object], *, repeat: int = 20, warmup: int = 3) -> float:
-    """Median time of ``fn()`` in seconds between CUDA events on the current stream."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
-
-
 def bench_device_kernels(device: str = "cuda", repeat: int = 20, echo=print, shapes=None, timer=None) -> list[dict]:
     """Run the benchmark on ``device`` (see the module docstring), print a table per shape, return the figures."""
     from harness.kernels import extension
@@ -111,7 +96,7 @@ def bench_device_kernels(device: str = "cuda", repeat: int = 20, echo=print, sha
         if device == "cuda":
             timer = cuda_median_time
         else:
-            from harness.bench import median_time as timer
+            from harness.bench.timing import median_time as timer
     peak = device_peak_gb_per_s(device)
     where = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     echo(f"torch {torch.__version__} (CUDA {torch.version.cuda}) on {where}; median of {repeat} runs")

@@ -20,7 +20,7 @@ memory read from ``wait4``), with the same interpreter:
 and the size of the page ``report`` wrote.
 
 With ``--baseline REF`` the same commands of that commit
-(:func:`harness.bench_commands.export_baseline`) run on the same store, turn by
+(:func:`harness.bench.commands.export_baseline`) run on the same store, turn by
 turn, for sizes up to ``--baseline-max`` records (a report that holds the
 store in memory cannot do a million here) and the ratios are printed. Stores
 are made in a temporary folder and removed, unless ``--keep DIR``.
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from harness.bench_commands import Tree, export_baseline, python_path, repository_root
+from harness.bench.commands import Tree, export_baseline, python_path, repository_root
 from harness.errors import UsageError
 from harness.results.store import Store, build_key
 
