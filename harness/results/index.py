@@ -210,10 +210,19 @@ class Index:
                                 f"({', '.join('?' * len(_COLUMNS))})", rows)
 
     # ------------------------------------------------------------------ queries
+    # Every read of the latest records goes through these methods: no SQL outside this module.
 
     LATEST = "SELECT * FROM records WHERE id IN (SELECT max(id) FROM records GROUP BY build, impl, case_id)"
+    # The orders readers ask for, by name.
+    ORDERS = {
+        "failing": "known, impl, build, case_id",  # unexpected first
+        "by-impl": "impl, build, case_id",
+        "stored": "id",  # as appended
+        # out of tolerance first, then a fixed pseudo-random order: a sample that is the same run after run
+        "sample": "coalesce(worst_ratio, 0) > 1 DESC, (id * 2654435761) % 1000003",
+    }
 
-    def query(self, sql: str, params: Iterable = ()) -> list[tuple]:
+    def _query(self, sql: str, params: Iterable = ()) -> list[tuple]:
         """``sql`` over the index; the table ``latest`` holds the latest record of each (build, impl, case),
         made once per connection (after :meth:`update`) so that many queries do not each group the records."""
         if not self._latest:
@@ -222,6 +231,52 @@ class Index:
                                   "CREATE INDEX temp.latest_status ON latest (status);")
             self._latest = True
         return self.db.execute(sql, tuple(params)).fetchall()
+
+    def count(self, where: Optional["Where"] = None) -> int:
+        """How many latest records match ``where`` (all of them by default)."""
+        sql, params = (where or Where()).sql()
+        ((n,),) = self._query(f"SELECT count(*) FROM latest WHERE {sql}", params)
+        return n
+
+    def count_known(self, where: Optional["Where"] = None) -> int:
+        """How many of those are known issues."""
+        sql, params = (where or Where()).sql()
+        ((n,),) = self._query(f"SELECT coalesce(sum(known), 0) FROM latest WHERE {sql}", params)
+        return n
+
+    def latest(self, where: Optional["Where"] = None, *, order: str = "stored",
+               limit: Optional[int] = None) -> list[Record]:
+        """The latest records matching ``where`` in the named ``order`` (:data:`ORDERS`), at most ``limit``,
+        read back from the store's files."""
+        sql, params = (where or Where()).sql()
+        rows = self._query(f"SELECT file, offset, length FROM latest WHERE {sql} ORDER BY {self.ORDERS[order]}"
+                           + (" LIMIT ?" if limit is not None else ""),
+                           (*params, limit) if limit is not None else params)
+        return list(self.load(rows))
+
+    def tally(self) -> list[tuple]:
+        """(build, impl, family, status, known, count) over the latest records."""
+        return self._query("SELECT build, impl, family, status, known, count(*) FROM latest "
+                           "GROUP BY build, impl, family, status, known")
+
+    def build_commits(self) -> list[tuple[str, str]]:
+        """(build, torch_git_version) of every build."""
+        return self._query("SELECT build, max(torch_git_version) FROM latest GROUP BY build")
+
+    def pairs(self, where: Optional["Where"] = None) -> set[tuple[str, str]]:
+        """The (impl, case) pairs of the latest records matching ``where``."""
+        sql, params = (where or Where()).sql()
+        return set(self._query(f"SELECT DISTINCT impl, case_id FROM latest WHERE {sql}", params))
+
+    def distinct(self, column: str) -> list[str]:
+        """The values of ``impl`` or ``build`` among the latest records, sorted."""
+        if column not in ("impl", "build"):
+            raise ValueError(f"distinct({column!r}): impl or build")
+        return [v for (v,) in self._query(f"SELECT DISTINCT {column} FROM latest ORDER BY {column}")]
+
+    def modes(self) -> dict[str, str]:
+        """Each implementation's modes, comma-separated."""
+        return dict(self._query("SELECT impl, group_concat(DISTINCT mode) FROM latest GROUP BY impl"))
 
     def load(self, locations: Iterable[tuple[str, int, int]]) -> Iterator[Record]:
         """The records at ``(file, offset, length)``, read back from the store's files."""
@@ -274,6 +329,35 @@ def refreshed(store_dir: os.PathLike | str) -> Index:
         index.close()
         raise
     return index
+
+
+@dataclass(frozen=True)
+class Where:
+    """Which latest records a query takes: every given condition holds (none given: all of them)."""
+
+    statuses: tuple[str, ...] = ()
+    impl: Optional[str] = None
+    build: Optional[str] = None
+    compiled: Optional[bool] = None
+    has_metrics: Optional[bool] = None
+    native: Optional[bool] = None  # recorded in the 'native' mode (the implementation's own kernels)
+
+    def sql(self) -> tuple[str, tuple]:
+        terms, params = [], []
+        if self.statuses:
+            terms.append(f"status IN ({', '.join('?' * len(self.statuses))})")
+            params += list(self.statuses)
+        for column, value in (("impl", self.impl), ("build", self.build)):
+            if value is not None:
+                terms.append(f"{column} = ?")
+                params.append(value)
+        for column, flag in (("compiled", self.compiled), ("has_metrics", self.has_metrics)):
+            if flag is not None:
+                terms.append(f"{column} = ?")
+                params.append(int(flag))
+        if self.native is not None:
+            terms.append("mode = 'native'" if self.native else "coalesce(mode, '') != 'native'")
+        return (" AND ".join(terms) or "1"), tuple(params)
 
 
 def latest_of_build(store_dir: os.PathLike | str, key: str) -> list[Record]:

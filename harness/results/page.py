@@ -1,7 +1,7 @@
 """What a report shows, gathered from the store's index in bounded memory (:func:`gather`), and the per-build
 CSV exports (:func:`write_csv`).
 
-Counts come from SQL over the index (:mod:`harness.results.index`); only the
+Counts come from the store's index (:mod:`harness.results.index`); only the
 records a page shows are read back from the store's files: the first
 :data:`MAX_FAILING` failing records (unexpected ones first), the first
 :data:`MAX_COMPILED` compiled ones, and per implementation a sample of
@@ -55,67 +55,50 @@ class Page:
     modes: dict  # impl -> its modes, comma-separated
 
 
-def _frame(index, where: str, params: tuple, order: str, limit: int):
-    """A records frame of the latest records matching ``where``, in ``order``, at most ``limit``."""
-    rows = index.query(f"SELECT file, offset, length FROM latest WHERE {where} ORDER BY {order} LIMIT ?",
-                       (*params, limit))
-    return records_frame(list(index.load(rows)))
-
-
 def gather(store_dir) -> Page:
-    """The page's data: counts by SQL over the store's index, and only the records shown read back."""
+    """The page's data: counts by the store's index, and only the records shown read back."""
     import pandas as pd
 
-    from harness.results.index import refreshed
+    from harness.results.index import Where, refreshed
 
     with refreshed(store_dir) as index:
-        ((total,),) = index.query("SELECT count(*) FROM latest")
+        total = index.count()
         if not total:
             raise EmptyStore(f"the store {store_dir} holds no records: run `syncbn-harness run --store "
                              f"{store_dir}` first, or point --store at another directory")
-        cells = pd.DataFrame(index.query("SELECT build, impl, family, status, known, count(*) FROM latest "
-                                         "GROUP BY build, impl, family, status, known"),
-                             columns=["build", "impl", "family", "status", "known_issue", "n"])
+        cells = pd.DataFrame(index.tally(), columns=["build", "impl", "family", "status", "known_issue", "n"])
         cells["known_issue"] = cells["known_issue"].astype(bool)
-        builds = pd.DataFrame(index.query("SELECT build, max(torch_git_version) FROM latest GROUP BY build"),
-                              columns=["build", "torch_git_version"])
-        failing_where = f"status IN ({', '.join('?' * len(FAILING))})"
-        ((failing_total, failing_known),) = index.query(
-            f"SELECT count(*), coalesce(sum(known), 0) FROM latest WHERE {failing_where}", FAILING)
-        failing = _frame(index, failing_where, FAILING, "known, impl, build, case_id", MAX_FAILING)
-        confirmed = set(index.query(f"SELECT DISTINCT impl, case_id FROM latest WHERE mode = 'native' AND "
-                                    f"{failing_where}", FAILING))
+        builds = pd.DataFrame(index.build_commits(), columns=["build", "torch_git_version"])
+        fails = Where(statuses=FAILING)
+        failing_total, failing_known = index.count(fails), index.count_known(fails)
+        failing = records_frame(index.latest(fails, order="failing", limit=MAX_FAILING))
+        confirmed = index.pairs(Where(statuses=FAILING, native=True))
         if not failing.empty:
             failing["confirmation"] = [
                 ("cpu-emulation, not yet confirmed on CUDA" if (impl, case) not in confirmed
                  else "cpu-emulation, confirmed on CUDA") if mode == "cpu-emulation" else ""
                 for impl, case, mode in zip(failing["impl"], failing["case"], failing["mode"])]
             failing = failing.sort_values(["known_issue", "severity_rank"], kind="stable")
-        ((compiled_total,),) = index.query("SELECT count(*) FROM latest WHERE compiled = 1")
-        compiled = _frame(index, "compiled = 1", (), "impl, build, case_id", MAX_COMPILED)
+        compiled_total = index.count(Where(compiled=True))
+        compiled = records_frame(index.latest(Where(compiled=True), order="by-impl", limit=MAX_COMPILED))
         plots = {}
-        for (impl,) in index.query("SELECT DISTINCT impl FROM latest ORDER BY impl"):
-            rows = index.query("SELECT file, offset, length FROM latest WHERE impl = ? AND has_metrics = 1 "
-                               "ORDER BY coalesce(worst_ratio, 0) > 1 DESC, (id * 2654435761) % 1000003 LIMIT ?",
-                               (impl, PLOT_SAMPLE))
-            ((with_metrics,),) = index.query("SELECT count(*) FROM latest WHERE impl = ? AND has_metrics = 1",
-                                             (impl,))
-            plots[impl] = (metrics_frame(list(index.load(rows))), len(rows), with_metrics)
-        modes = dict(index.query("SELECT impl, group_concat(DISTINCT mode) FROM latest GROUP BY impl"))
+        for impl in index.distinct("impl"):
+            sample = index.latest(Where(impl=impl, has_metrics=True), order="sample", limit=PLOT_SAMPLE)
+            plots[impl] = (metrics_frame(sample), len(sample), index.count(Where(impl=impl, has_metrics=True)))
+        modes = index.modes()
     return Page(str(store_dir), total, cells, builds, failing, failing_total, failing_known, compiled,
                 compiled_total, plots, modes)
 
 
 def write_csv(store_dir, out: Path) -> list[Path]:
     """Per build, its latest records (one row each) and their compared tensors: one build in memory at a time."""
-    from harness.results.index import refreshed
+    from harness.results.index import Where, refreshed
 
     out.mkdir(parents=True, exist_ok=True)
     written = []
     with refreshed(store_dir) as index:
-        for (build,) in index.query("SELECT DISTINCT build FROM latest ORDER BY build"):
-            rows = index.query("SELECT file, offset, length FROM latest WHERE build = ? ORDER BY id", (build,))
-            records = list(index.load(rows))
+        for build in index.distinct("build"):
+            records = index.latest(Where(build=build), order="stored")
             for kind, frame in (("records", records_frame(records)), ("metrics", metrics_frame(records))):
                 path = out / f"{build}.{kind}.csv"
                 frame.to_csv(path, index=False, errors="backslashreplace")

@@ -4,6 +4,7 @@ deletable; and a report over it that stays small whatever the store holds."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +13,7 @@ from harness.results.index import Index, refreshed
 from harness.results.records import Record, Status
 from harness.results.page import MAX_FAILING
 from harness.results.report import write_report
-from harness.results.store import Store, StoreError
+from harness.results.store import Store, build_key, StoreError
 
 GIT = "cf30153c4c131c8164ee7798e5022d810682e2cb"
 
@@ -25,7 +26,8 @@ def record(case: str, status: Status = Status.PASS, impl: str = "torch", message
 
 def latest_rows(store_dir) -> list[tuple]:
     with refreshed(store_dir) as index:
-        return index.query("SELECT build, impl, case_id, status FROM latest ORDER BY build, impl, case_id")
+        return sorted((build_key(r.torch_version, r.torch_git_version, r.device, r.backend), r.impl, r.case,
+                       r.status.value) for r in index.latest())
 
 
 def test_updates_read_only_what_was_appended_and_rebuild_what_was_replaced(tmp_path):
@@ -107,3 +109,28 @@ def test_one_builds_latest_records_read_through_the_index_touch_only_that_file(t
     assert [(r.case, r.message) for r in got] == [(f"module-config/c{i}/ws2", "run 1") for i in range(3)]
     with Index(store.path) as index:
         assert index.db.execute("SELECT name FROM files").fetchall() == [(f"{key}.jsonl",)]
+
+
+def test_the_index_answers_counts_and_reads_by_condition_without_sql_outside_it(tmp_path):
+    from harness.results.index import Where
+
+    store = Store(tmp_path / "store")
+    for i, status in enumerate([Status.PASS, Status.MISMATCH, Status.CRASH, Status.PASS]):
+        store.append(record(f"module-config/c{i}/ws2", status=status, impl="torch" if i % 2 else "reference"))
+    store.append(record("module-config/c1/ws2", status=Status.PASS, impl="torch"))  # supersedes the mismatch
+    with refreshed(store.path) as index:
+        assert index.count() == 4
+        assert index.count(Where(statuses=("mismatch", "crash"))) == 1
+        assert index.count(Where(impl="torch")) == 2 and index.distinct("impl") == ["reference", "torch"]
+        assert [r.case for r in index.latest(Where(impl="reference"), order="by-impl")] == [
+            "module-config/c0/ws2", "module-config/c2/ws2"]
+        assert len(index.latest(limit=3)) == 3
+        assert index.pairs(Where(statuses=("crash",))) == {("reference", "module-config/c2/ws2")}
+        with pytest.raises(ValueError, match="impl or build"):
+            index.distinct("status")
+    import harness
+
+    root = Path(harness.__file__).parent
+    outside = [str(p.relative_to(root)) for p in root.rglob("*.py")
+               if p.name != "index.py" and "SELECT " in p.read_text()]
+    assert not outside, f"SQL outside harness/results/index.py: {outside}"
