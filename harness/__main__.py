@@ -11,7 +11,8 @@ import atexit
 import os
 import sys
 
-EXIT_UNTESTABLE = 125
+from harness.errors import (  # a module of plain constants and classes: it imports nothing
+    EXIT_FOUND, EXIT_INTERRUPTED, EXIT_UNTESTABLE, EXIT_USAGE)
 
 
 def main(argv=None) -> None:
@@ -57,8 +58,8 @@ def run(argv=None) -> None:
         cli_main(args)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        if is_check and code not in (0, 1, EXIT_UNTESTABLE, 130):
-            why = ("the command line above is not valid" if code == 2 else f"the harness exited {code}")
+        if is_check and code not in (0, EXIT_FOUND, EXIT_UNTESTABLE, EXIT_INTERRUPTED):
+            why = ("the command line above is not valid" if code == EXIT_USAGE else f"the harness exited {code}")
             print(f"check: {why}; exiting 125 (cannot test) so that git bisect skips this commit instead of "
                   "marking it bad", file=sys.stderr)
             sys.exit(EXIT_UNTESTABLE)

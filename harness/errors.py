@@ -9,36 +9,44 @@ with a message that names the value and the fix. The CLI catches
 
 from __future__ import annotations
 
+# The exit codes of every command, named once. 0 is success; 1 is what a command looks for (an unexpected
+# failure, a new finding, a bad build), decided by each command.
+EXIT_FOUND = 1
+EXIT_USAGE = 2  # a bad option, an unknown case or implementation
+EXIT_HARNESS = 3  # the harness could not do its work (a kernel build, a store, no rank could start)
+EXIT_UNTESTABLE = 125  # `git bisect run`'s "this commit cannot be tested": check's answer when it cannot judge
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+
 
 class HarnessError(Exception):
     """Base of every error a user can fix; ``exit_code`` is what ``run`` exits with."""
 
-    exit_code = 3
+    exit_code = EXIT_HARNESS
 
 
 class UsageError(HarnessError):
     """Unknown case or implementation, bad option value (exit 2)."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class KernelBuildError(HarnessError):
     """The reference extension could not be built or loaded (no compiler, compile error)."""
 
-    exit_code = 3
+    exit_code = EXIT_HARNESS
 
 
 class ImplUnavailable(HarnessError):
     """An implementation cannot be used here (not installed, fails to import)."""
 
-    exit_code = 3
+    exit_code = EXIT_HARNESS
 
 
 class PluginUnavailable(ImplUnavailable):
     """A plugin the user named (``MODULE:ATTR``) does not import: the name given is wrong, like an unknown
     implementation's (exit 2)."""
 
-    exit_code = 2
+    exit_code = EXIT_USAGE
 
 
 class Terminated(BaseException):

@@ -62,7 +62,7 @@ CHECKOUT_ON_PATH = {checkout_on_path!r}
 BUILD_TIMEOUT = {build_timeout!r}
 CHECK_TIMEOUT = {check_timeout!r}
 LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), {log_name!r})
-UNTESTABLE = 125
+UNTESTABLE = 125  # harness.errors.EXIT_UNTESTABLE, spelled out: this file runs without the harness
 _child = None
 
 

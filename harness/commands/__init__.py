@@ -25,10 +25,7 @@ from typing import Optional
 import click
 
 from harness import __version__
-from harness.errors import HarnessError, Terminated
-
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
+from harness.errors import EXIT_INTERRUPTED, EXIT_USAGE, HarnessError, Terminated
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -29,10 +29,9 @@ import click
 
 from harness.commands import EXIT_INTERRUPTED, cli
 from harness.commands._options import selection_options, start_ranks_early
-from harness.errors import HarnessError, Terminated
+from harness.errors import EXIT_UNTESTABLE, HarnessError, Terminated
 from harness.paths import CHECK_WORKER, setting
 
-EXIT_UNTESTABLE = 125
 WORKER_STOP_S = 30.0  # after SIGTERM or Ctrl-C, the worker's time to reap its ranks before it is killed
 
 

@@ -21,6 +21,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from harness.errors import EXIT_FOUND, EXIT_UNTESTABLE
 from harness.results.records import Record
 
 
@@ -34,14 +35,14 @@ class Verdict(str, enum.Enum):
     @property
     def exit_code(self) -> int:
         """``git bisect run``'s codes: 0 good, 1 bad, 125 cannot test."""
-        return {Verdict.GOOD: 0, Verdict.BAD: 1, Verdict.SKIP: 125}[self]
+        return {Verdict.GOOD: 0, Verdict.BAD: EXIT_FOUND, Verdict.SKIP: EXIT_UNTESTABLE}[self]
 
     @classmethod
     def from_exit_code(cls, code: int) -> "Verdict":
         """``git bisect run``'s reading of an exit code: 0 good, 125 skip, 1..127 bad, else skip."""
         if code == 0:
             return cls.GOOD
-        if 0 < code < 128 and code != 125:
+        if 0 < code < 128 and code != EXIT_UNTESTABLE:
             return cls.BAD
         return cls.SKIP
 
