@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple, Optional, Union
 
 import torch
 
-from harness.judge.metric import Metric
+from harness.judge.metric import Metric, Problem
 from harness.slices import CHUNK, batch_slices
 
 TINY = 1e-300
@@ -46,12 +46,12 @@ def compare_tensor(got: Optional[torch.Tensor], true: torch.Tensor, tol: Toleran
     if got is None:
         got = torch.zeros_like(true)  # a missing gradient is a gradient of zeros
     elif dtype is not None and got.dtype != dtype:
-        return Metric.failure(f"dtype {got.dtype}, expected {dtype}")
+        return Metric.failure(f"dtype {got.dtype}, expected {dtype}", Problem.DTYPE)
     if tuple(got.shape) != tuple(true.shape):
-        return Metric.failure(f"shape {tuple(got.shape)}, expected {tuple(true.shape)}")
+        return Metric.failure(f"shape {tuple(got.shape)}, expected {tuple(true.shape)}", Problem.SHAPE)
     if memory_format is not None and got.dim() in (4, 5) and got.numel() > 0 \
             and not got.is_contiguous(memory_format=memory_format):
-        return Metric.failure(f"output not in {memory_format}")
+        return Metric.failure(f"output not in {memory_format}", Problem.LAYOUT)
     if true.numel() == 0:
         return Metric(0.0, 0.0, 0.0, 0.0)
     got = got.detach()
@@ -62,7 +62,8 @@ def compare_tensor(got: Optional[torch.Tensor], true: torch.Tensor, tol: Toleran
                  for a, b in batch_slices(true)]
     nonfinite = sum(p.nonfinite for p in parts)
     if nonfinite:
-        return Metric(math.inf, math.inf, 0.0, math.inf, f"{nonfinite} non-finite values where the oracle is finite")
+        return Metric(math.inf, math.inf, 0.0, math.inf, f"{nonfinite} non-finite values where the oracle is finite",
+                      Problem.NON_FINITE)
     worst = max(parts, key=lambda p: (math.isnan(p.ratio), p.ratio))  # NaN first, as torch's argmax
     return Metric(max(p.err_max for p in parts), max(p.rel_max for p in parts), worst.tol_at, worst.ratio)
 

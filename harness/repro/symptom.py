@@ -27,13 +27,13 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from harness.judge.metric import Problem
 from harness.results.records import RankStatus, Record, Status
 
 QUANTITIES = ("output", "grad_input", "grad_weight", "grad_bias", "running_mean", "running_var",
               "num_batches_tracked")
 ASPECTS = ("value", "non-finite", "dtype", "layout", "shape", "across-ranks")
 # The record's words for a structural problem -> the aspect (the first match wins).
-_PROBLEMS = (("dtype", "dtype"), ("non-finite", "non-finite"), ("not in torch.", "layout"), ("shape", "shape"))
 _STEP = re.compile(r"^(?:rank(\d+)\.)?step(\d+)\.(\w+)\.(\w+)(\.across_ranks)?$")
 _SUM = re.compile(r"^step(\d+)\.(grad_weight|grad_bias)_sum$")
 
@@ -68,11 +68,9 @@ class Symptom:
         return f"{self.quantity} {words[self.aspect]}"
 
 
-def aspect_of(problem: Optional[str]) -> str:
-    """A metric's structural problem -> the aspect it breaks (``value`` when there is none)."""
-    if not problem:
-        return "value"
-    return next((aspect for needle, aspect in _PROBLEMS if needle in problem), "value")
+def aspect_of(kind: Optional[Problem]) -> str:
+    """A metric's kind of structural problem -> the aspect it breaks (``value`` when it has none)."""
+    return kind.value if kind is not None else "value"
 
 
 def symptom_of(record: Record) -> Symptom:
@@ -92,7 +90,7 @@ def symptom_of(record: Record) -> Symptom:
         raise NoSymptom(f"a {record.status.value} record shows no failure to reproduce")
     failing = [name for name, m in record.metrics.items() if not m.ok]
     for name in sorted(failing, key=lambda n: (_step(n), failing.index(n))):
-        sym = _tensor_symptom(name, record.metrics[name].problem, first)
+        sym = _tensor_symptom(name, record.metrics[name].kind, first)
         if sym is not None:
             return sym
     raise NoSymptom(f"the short form checks tensors against BatchNorm; this record's failures are "
@@ -104,12 +102,12 @@ def _step(name: str) -> int:
     return int(m.group(1)) if m else 10**6
 
 
-def _tensor_symptom(name: str, problem: Optional[str], message: str) -> Optional[Symptom]:
+def _tensor_symptom(name: str, kind: Optional[Problem], message: str) -> Optional[Symptom]:
     m = _SUM.match(name)
     if m:
-        return Symptom("mismatch", m.group(2), aspect_of(problem), int(m.group(1)), message=message)
+        return Symptom("mismatch", m.group(2), aspect_of(kind), int(m.group(1)), message=message)
     m = _STEP.match(name)
     if not m or m.group(4) not in QUANTITIES:
         return None
-    aspect = "across-ranks" if m.group(5) else aspect_of(problem)
+    aspect = "across-ranks" if m.group(5) else aspect_of(kind)
     return Symptom("mismatch", m.group(4), aspect, int(m.group(2)), message=message)

@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
+from harness.judge.metric import Problem
 from harness.results.records import Record, Status
 
 KINDS = ("silent non-finite", "silent wrong value", "hang", "crash", "error", "wrong dtype or layout", "precision")
@@ -100,15 +101,14 @@ def assess(record: Record) -> Optional[Assessment]:
     if record.status != Status.MISMATCH:
         return None
     failing = {name: m for name, m in record.metrics.items() if not m.ok}
-    nonfinite = [n for n, m in failing.items() if m.problem and "non-finite" in m.problem]
+    nonfinite = [n for n, m in failing.items() if m.kind is Problem.NON_FINITE]
     if nonfinite:
         return Assessment("silent non-finite", math.inf, _quantity(nonfinite[0]), tags, common, rare)
     valued = {n: m for n, m in failing.items() if not m.problem and math.isfinite(m.max_rel_err)}
     if not valued:  # a structural problem only (dtype, layout, shape, an invariant)
         name = next(iter(failing), None)
-        problem = failing[name].problem if name else ""
-        kind = "wrong dtype or layout" if problem and ("dtype" in problem or "not in torch." in problem) \
-            else "silent wrong value"
+        structural = failing[name].kind if name else None
+        kind = "wrong dtype or layout" if structural in (Problem.DTYPE, Problem.LAYOUT) else "silent wrong value"
         return Assessment(kind, None, _quantity(name) if name else None, tags, common, rare)
     name = max(valued, key=lambda n: valued[n].max_rel_err / _unit(_quantity(n), params))
     worst = valued[name]

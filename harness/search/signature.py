@@ -47,8 +47,8 @@ def evidence(record: Record) -> str:
         failing = [name for name, m in record.metrics.items() if not m.ok]
         if failing:
             first = _first(failing)
-            kind = problem_kind(record.metrics[first].problem)
-            parts.append(tensor_kind(first) + (f": {kind}" if kind else ""))
+            kind = record.metrics[first].kind
+            parts.append(tensor_kind(first) + (f": {kind.value}" if kind else ""))
     elif record.status == Status.ERROR:
         rank = next((r for r in record.ranks if r.status == RankStatus.ERROR), None)
         parts.append(rank.exception_type or "error" if rank else "error")
@@ -58,16 +58,6 @@ def evidence(record: Record) -> str:
     elif record.status == Status.HANG:
         parts.append("timeout")
     return ", ".join(parts) or record.status.value
-
-
-PROBLEMS = (("dtype", "dtype"), ("non-finite", "non-finite"), ("not in torch.", "layout"), ("shape", "shape"))
-
-
-def problem_kind(problem: Optional[str]) -> Optional[str]:
-    """A structural failure's kind (``dtype``, ``non-finite``, ``layout``, ``shape``), or None."""
-    if not problem:
-        return None
-    return next((kind for needle, kind in PROBLEMS if needle in problem), None)
 
 
 def _first(names: list[str]) -> str:

@@ -67,3 +67,25 @@ def test_zero_tolerance_passes_only_exact_values(monkeypatch):
     assert compare_tensor(exact, true, zero).ok
     exact[5, 0, 0, 0] = torch.nextafter(exact[5, 0, 0, 0], torch.tensor(math.inf, dtype=torch.float64))
     assert not compare_tensor(exact, true, zero).ok
+
+
+def test_a_structural_mismatch_carries_its_kind_and_an_old_record_gets_it_from_its_message():
+    import math
+
+    from harness.judge.metric import Metric, Problem
+
+    true = torch.zeros(2, 3, dtype=torch.float64)
+    ONE = torch.tensor(1.0, dtype=torch.float64)
+    cases = {Problem.DTYPE: compare_tensor(torch.zeros(2, 3, dtype=torch.float16), true, ONE, dtype=torch.float32),
+             Problem.SHAPE: compare_tensor(torch.zeros(3, 2), true, ONE),
+             Problem.NON_FINITE: compare_tensor(torch.full((2, 3), math.nan), true, ONE)}
+    for kind, m in cases.items():
+        assert not m.ok and m.kind is kind, (kind, m)
+        assert Metric.from_dict(m.to_dict()).to_dict() == m.to_dict()  # (NaN != NaN, the dicts say 'nan')
+        old = {k: v for k, v in m.to_dict().items() if k != "kind"}  # as written before metrics had a kind
+        assert Metric.from_dict(old).kind is kind
+    x = torch.zeros(2, 3, 4, 4).contiguous(memory_format=torch.channels_last)
+    m = compare_tensor(x.contiguous(), torch.zeros(2, 3, 4, 4, dtype=torch.float64), ONE,
+                       memory_format=torch.channels_last)
+    assert m.kind is Problem.LAYOUT
+    assert compare_tensor(torch.ones(2, 3), true, ONE / 2).kind is None  # out of tolerance is not structural

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.judge.metric import Metric
+from harness.judge.metric import Metric, Problem
 from harness.repro.symptom import NoSymptom, Symptom, symptom_of
 from harness.results.records import RankOutcome, RankStatus, Record, Status
 
@@ -28,15 +28,17 @@ def test_the_earliest_step_wins_then_the_scenarios_order():
     assert sym == Symptom("mismatch", "running_var", "value", 0, message="rank 0: something")
 
 
-@pytest.mark.parametrize("name, problem, want", [
-    ("rank1.step0.train.output", "dtype torch.float32, expected torch.float16", ("output", "dtype")),
-    ("rank1.step0.eval.grad_input", "3 non-finite values where the oracle is finite", ("grad_input", "non-finite")),
-    ("rank0.step0.train.output", "output not in torch.channels_last", ("output", "layout")),
-    ("step0.train.running_mean.across_ranks", "running_mean differs across ranks", ("running_mean", "across-ranks")),
-    ("step0.grad_weight_sum", None, ("grad_weight", "value")),
+@pytest.mark.parametrize("name, problem, kind, want", [
+    ("rank1.step0.train.output", "dtype torch.float32, expected torch.float16", Problem.DTYPE, ("output", "dtype")),
+    ("rank1.step0.eval.grad_input", "3 non-finite values where the oracle is finite", Problem.NON_FINITE,
+     ("grad_input", "non-finite")),
+    ("rank0.step0.train.output", "output not in torch.channels_last", Problem.LAYOUT, ("output", "layout")),
+    ("step0.train.running_mean.across_ranks", "running_mean differs across ranks", None,
+     ("running_mean", "across-ranks")),
+    ("step0.grad_weight_sum", None, None, ("grad_weight", "value")),
 ])
-def test_what_is_wrong_with_the_tensor(name, problem, want):
-    metric = Metric.failure(problem) if problem else bad()
+def test_what_is_wrong_with_the_tensor(name, problem, kind, want):
+    metric = Metric.failure(problem, kind) if problem else bad()
     sym = symptom_of(record(metrics={name: metric}))
     assert (sym.quantity, sym.aspect) == want
 

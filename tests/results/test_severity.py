@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from harness.judge.metric import Metric
+from harness.judge.metric import Metric, Problem
 from harness.results.records import Record, Status
 from harness.results.severity import KINDS, ULP_SCALE, assess, reach
 
@@ -23,12 +23,12 @@ def value(rel: float) -> Metric:
 
 
 def test_kinds_are_ordered_worst_first():
-    nonfinite = record(metrics={"rank0.step0.train.output": Metric.failure("3 non-finite values where the oracle "
-                                                                            "is finite")})
+    nonfinite = record(metrics={"rank0.step0.train.output": Metric.failure(
+        "3 non-finite values where the oracle is finite", Problem.NON_FINITE)})
     wrong = record(metrics={"rank0.step0.train.running_var": value(0.02)})
     precision = record(metrics={"rank0.step0.train.output": value(4 * 2.0**-24)})
-    dtype = record(metrics={"rank0.step0.train.output": Metric.failure("dtype torch.float32, expected "
-                                                                        "torch.float16")})
+    dtype = record(metrics={"rank0.step0.train.output": Metric.failure(
+        "dtype torch.float32, expected torch.float16", Problem.DTYPE)})
     assessed = [assess(r) for r in (nonfinite, wrong, record(Status.HANG), record(Status.CRASH),
                                     record(Status.ERROR), dtype, precision)]
     assert [a.kind for a in assessed] == list(KINDS)
@@ -53,7 +53,8 @@ def test_the_worst_value_names_the_quantity_and_a_sum_counts_as_its_tensor():
                                "rank1.step0.train.running_mean.across_ranks": Metric.failure("differs")}))
     assert (a.kind, a.quantity, a.rel_err) == ("silent wrong value", "grad_weight", 0.5)
     assert "grad_weight silently wrong (relative error 0.5)" in a.notice()
-    assert math.isinf(assess(record(metrics={"step1.grad_bias_sum": Metric.failure("2 non-finite values")})).rel_err)
+    sum_nan = Metric.failure("2 non-finite values", Problem.NON_FINITE)
+    assert math.isinf(assess(record(metrics={"step1.grad_bias_sum": sum_nan})).rel_err)
 
 
 def test_reach_names_common_settings_and_what_makes_a_case_rare():

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from harness.catalog.case import STEP_KINDS, Case
-from harness.judge.metric import Metric
+from harness.judge.metric import Metric, Problem
 from harness.results.records import RankOutcome, RankStatus, Record, Status
 from harness.search import promote, space
 from harness.search.signature import signature, tensor_kind
@@ -69,13 +69,15 @@ def test_signature_names_the_first_failing_tensor_without_step_or_rank():
     assert signature(rec) == "x: mismatch (eval.output)"
     assert tensor_kind("step3.train.running_mean.across_ranks") == "train.running_mean.across_ranks"
     assert tensor_kind("rank1.convert.2") == "convert"
-    wrong_dtype = _record(Status.MISMATCH, {"rank0.step0.train.output": Metric.failure("dtype torch.float32, "
-                                                                                         "expected torch.float16")})
-    nan = _record(Status.MISMATCH, {"rank0.step0.train.output": Metric(math.inf, math.inf, 0.0, math.inf,
-                                                                       "2 non-finite values where the oracle is "
-                                                                       "finite")})
+    # The kind is the judgement's (harness.judge.elementwise sets it), never read back from the message.
+    wrong_dtype = _record(Status.MISMATCH, {"rank0.step0.train.output": Metric.failure(
+        "dtype torch.float32, expected torch.float16", Problem.DTYPE)})
+    nan = _record(Status.MISMATCH, {"rank0.step0.train.output": Metric(
+        math.inf, math.inf, 0.0, math.inf, "2 non-finite values where the oracle is finite", Problem.NON_FINITE)})
+    unkinded = _record(Status.MISMATCH, {"rank0.step0.train.output": Metric.failure("mentions a dtype, is none")})
     assert signature(wrong_dtype) == "x: mismatch (train.output: dtype)"
     assert signature(nan) == "x: mismatch (train.output: non-finite)"
+    assert signature(unkinded) == "x: mismatch (train.output)"
     assert signature(_record(Status.PASS)) is None
     assert signature(_record(Status.UNSUPPORTED)) is None
 
