@@ -64,8 +64,7 @@ def test_the_store_reader_and_index_refuse_or_drop_bad_lines_never_crash(tmp_pat
 
 def _latest(store: Path) -> list:
     with refreshed(store) as index:
-        rows = index.query("SELECT file, offset, length FROM latest")
-        return list(index.load(rows))
+        return index.latest()
 
 
 def toml_value(v) -> str:

@@ -356,7 +356,7 @@ def test_a_run_leaves_nothing_in_the_temporary_directory(tmp_path):
     proc = harness("run", "--impl", "reference", "--impl", "probes:SegfaultOnRank1", "--case", case,
                    "--device", "cpu", "--no-diagnose", "--format", "json", "--store", str(tmp_path / "store"),
                    env={"TMPDIR": str(tmp), "SYNCBN_HARNESS_CACHE": str(cache)})
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.returncode == 1 and proc.stdout.strip(), proc.stderr[-3000:]  # 1: the crash, not a traceback
     records = {r["impl"]: r for r in json.loads(proc.stdout)}
     assert records["reference"]["status"] == "pass" and records["reference"]["logs"] is None
     crash = records["probes:SegfaultOnRank1"]
