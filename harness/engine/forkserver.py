@@ -22,12 +22,16 @@ Protocol:
   :mod:`harness.engine.warm_dynamo`, the preload's last modules, swallow their
   own errors, and ranks redo whatever they could not do.
 
-``SYNCBN_HARNESS_START_METHOD=spawn`` forces fresh interpreters instead.
+``SYNCBN_HARNESS_START_METHOD=spawn`` forces fresh interpreters instead; they
+are used too, saying so once, when the forkserver's Unix socket would not fit
+its path limit under ``TMPDIR`` (:func:`socket_path_fits`).
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import sys
 from typing import Optional, Sequence
 
 from harness.errors import HarnessError
@@ -49,15 +53,44 @@ LIGHT_FAMILIES = ("allgather-shape", "channels-last", "cuda-graph", "degenerate"
                   "numerics", "process-group", "scale", "search")
 
 _started_with: Optional[tuple[str, ...]] = None
+SOCKET_PATH_MAX = 107  # a Unix socket's path holds 108 bytes with its terminating NUL
+_said_spawn = False  # the fall-back to spawn is said once per process
 
 
 def method(choice: Optional[str] = None) -> str:
-    """forkserver where the platform has one, spawn otherwise or when asked for."""
-    chosen = choice or setting(START_METHOD) or ("forkserver" if "forkserver" in mp.get_all_start_methods()
-                                                 else "spawn")
-    if chosen not in ("forkserver", "spawn"):
-        raise HarnessError(f"SYNCBN_HARNESS_START_METHOD={chosen!r}: use forkserver or spawn")
-    return chosen
+    """forkserver where the platform has one and its socket fits (:func:`socket_path_fits`), spawn otherwise or
+    when asked for."""
+    asked = choice or setting(START_METHOD)
+    if asked not in (None, "forkserver", "spawn"):
+        raise HarnessError(f"SYNCBN_HARNESS_START_METHOD={asked!r}: use forkserver or spawn")
+    if asked == "spawn" or "forkserver" not in mp.get_all_start_methods():
+        return "spawn"
+    if socket_path_fits():
+        return "forkserver"
+    path = _socket_path()
+    if asked == "forkserver":
+        raise HarnessError(f"SYNCBN_HARNESS_START_METHOD=forkserver, but the forkserver's socket {path} would be "
+                           f"{len(os.fsencode(path))} bytes, over the {SOCKET_PATH_MAX} a Unix socket path may "
+                           "have: set TMPDIR to a shorter folder (or SYNCBN_HARNESS_START_METHOD=spawn)")
+    global _said_spawn
+    if not _said_spawn:
+        _said_spawn = True
+        sys.stderr.write(f"syncbn-harness: TMPDIR is too long for the forkserver's socket ({path}): rank processes "
+                         "start as fresh interpreters (spawn), which is slower; a shorter TMPDIR avoids it\n")
+    return "spawn"
+
+
+
+def _socket_path() -> str:
+    """Where multiprocessing's forkserver puts its socket: ``<TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX``."""
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), "pymp-" + "x" * 8, "listener-" + "x" * 8)
+
+
+def socket_path_fits() -> bool:
+    """Whether the forkserver's socket path fits a Unix socket (a deep TMPDIR makes ``bind`` fail)."""
+    return len(os.fsencode(_socket_path())) <= SOCKET_PATH_MAX
 
 
 def needs_dynamo(case_patterns: Sequence[str]) -> bool:

@@ -107,3 +107,24 @@ def test_the_forkserver_leaves_without_teardown_and_its_forks_keep_theirs(tmp_pa
     server = lines[lines.index("server") + 1]
     assert f"teardown {server}" not in proc.stdout  # the server left at once
     assert proc.stdout.count("teardown") == 1  # the fork ran its handlers
+
+
+def test_a_tmpdir_too_deep_for_the_forkservers_socket_falls_back_to_spawn(tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    from harness.engine import forkserver
+    from harness.errors import HarnessError
+
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    monkeypatch.setattr(forkserver, "_said_spawn", False)
+    monkeypatch.delenv("SYNCBN_HARNESS_START_METHOD", raising=False)
+    assert not forkserver.socket_path_fits()
+    assert forkserver.method() == "spawn" and forkserver.method() == "spawn"
+    assert capsys.readouterr().err.count("TMPDIR is too long for the forkserver's socket") == 1  # said once
+    monkeypatch.setenv("SYNCBN_HARNESS_START_METHOD", "forkserver")
+    with pytest.raises(HarnessError, match="set TMPDIR to a shorter folder"):
+        forkserver.method()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert forkserver.socket_path_fits() == (len(str(tmp_path)) + 32 <= 107)
