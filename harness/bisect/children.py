@@ -54,8 +54,18 @@ def kill_group(proc: subprocess.Popen) -> None:
 
 
 def tail(text: str, n: int) -> str:
-    """The last ``n`` meaningful lines of a child's output, on one line."""
-    lines = [ln for ln in text.strip().splitlines() if ln.strip() and not ln.startswith("WARNING: Location")]
+    """The last ``n`` meaningful lines of a child's output, on one line.
+
+    An indented line continues the one above it (uv wraps its explanation over indented lines, so a last
+    line alone may lose the package it names): it is joined to it first."""
+    lines: list[str] = []
+    for ln in text.strip().splitlines():
+        if not ln.strip() or ln.startswith("WARNING: Location"):
+            continue
+        if ln[:1].isspace() and lines:
+            lines[-1] = f"{lines[-1]} {ln.strip()}"
+        else:
+            lines.append(ln.strip())
     return " | ".join(lines[-n:]) if lines else "no output"
 
 

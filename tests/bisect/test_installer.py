@@ -68,3 +68,22 @@ def test_uv_makes_a_working_environment_with_its_cache_in_the_harness_cache(tmp_
     assert (tmp_path / "cache" / "uv").is_dir()
     log = next((tmp_path / "cache" / "envs").glob("*.install.log")).read_text()
     assert "uv pip install --python" in log.replace(uv_binary(), "uv")
+
+
+def test_a_failed_install_keeps_what_uv_wraps_over_indented_lines():
+    from harness.bisect.children import tail
+
+    uv = ("Using Python 3.11.7 environment at: /tmp/env\n"
+          "error: No solution found when resolving dependencies\n"
+          "  cause: Because syncbnplug-no-such-dependency was not found in the\n"
+          "         provided package locations and syncbnplug==2 depends on\n"
+          "         syncbnplug-no-such-dependency>=1, we can conclude that syncbnplug==2\n"
+          "         cannot be used.\n"
+          "         And because you require syncbnplug==2, we can conclude that your\n"
+          "         requirements are unsatisfiable.\n")
+    last = tail(uv, 2)
+    assert last.endswith("requirements are unsatisfiable.") and "syncbnplug-no-such-dependency>=1" in last
+    pip = "WARNING: Location 'x' is ignored\nERROR: Could not find a version\nERROR: No matching distribution found\n"
+    assert tail(pip, 2) == "ERROR: Could not find a version | ERROR: No matching distribution found"
+    traceback = "Traceback (most recent call last):\n  File \"<string>\", line 1, in <module>\nImportError: no torch\n"
+    assert tail(traceback, 1) == "ImportError: no torch"
