@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from harness import catalog
-from harness.bench import device_kernels as bench_cuda, timing
+from harness.bench import device_kernels, timing
 from harness.engine.rank import gpu_index
 from harness.engine.session import RunOptions, Session, gpu_shortage, resolve_impls
 from harness.impls import resolve
@@ -141,22 +141,22 @@ def test_the_cuda_graph_cases_are_unsupported_on_cpu_at_once():
 
 def test_bench_figures_are_ratios_of_the_measured_times():
     times = {"copy": 1.0, "reference welford_stats": 1.0, "reference fwd+bwd": 3.0, "torch fwd+bwd": 2.0}
-    for i, op in enumerate(bench_cuda.OPS):
+    for i, op in enumerate(device_kernels.OPS):
         times[f"reference {op}"], times[f"torch {op}"] = 1.0 + i, 0.5
-    f = bench_cuda.derive(times, nbytes=10**9, peak=4.0)
+    f = device_kernels.derive(times, nbytes=10**9, peak=4.0)
     assert f["copy_gbps"] == 2.0 and f["stats_gbps"] == 1.0  # a copy moves the bytes twice
     assert f["stats_over_copy_bandwidth"] == 0.5 and f["stats_over_peak_bandwidth"] == 0.25
-    assert [f["ops"][op]["reference_over_torch"] for op in bench_cuda.OPS] == [2.0, 4.0, 6.0, 8.0]
+    assert [f["ops"][op]["reference_over_torch"] for op in device_kernels.OPS] == [2.0, 4.0, 6.0, 8.0]
     assert f["ops"]["welford_stats"]["reference_over_torch"] == 2.0  # against torch's batch_norm_stats
     assert f["ops"]["batch_norm_stats"]["reference_ms"] == 1000.0
     assert f["reference_over_torch"] == 1.5
-    assert bench_cuda.derive(times, nbytes=10**9)["stats_over_peak_bandwidth"] is None
+    assert device_kernels.derive(times, nbytes=10**9)["stats_over_peak_bandwidth"] is None
 
 
 def test_peak_bandwidth_from_clock_and_bus_width():
     # H100 SXM: HBM3 at 2619 MHz on a 5120-bit bus, 3.35 TB/s.
-    assert math.isclose(bench_cuda.peak_gb_per_s(2_619_000, 5120), 3352.32)
-    assert bench_cuda.peak_gb_per_s(None, 5120) is None and bench_cuda.peak_gb_per_s(2_619_000, 0) is None
+    assert math.isclose(device_kernels.peak_gb_per_s(2_619_000, 5120), 3352.32)
+    assert device_kernels.peak_gb_per_s(None, 5120) is None and device_kernels.peak_gb_per_s(2_619_000, 0) is None
 
 
 @pytest.mark.slow
@@ -178,7 +178,7 @@ def test_the_cuda_bench_code_runs_end_to_end_on_cpu_through_the_emulation():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [f["shape"] for f in out["figures"]] == ["s", "t"]
     for f in out["figures"]:
-        assert set(f["ops"]) == {*bench_cuda.OPS, "welford_stats"}
+        assert set(f["ops"]) == {*device_kernels.OPS, "welford_stats"}
         assert all(row["reference_over_torch"] > 0 for row in f["ops"].values())
         assert f["stats_over_copy_bandwidth"] > 0 and f["reference_over_torch"] > 0 and f["peak_gbps"] is None
     assert any(line.startswith("  statistics pass (welford_stats):") for line in out["lines"])

@@ -82,7 +82,7 @@ def method(choice: Optional[str] = None) -> str:
 
 
 def _socket_path() -> str:
-    """Where multiprocessing's forkserver puts its socket: ``<TMPDIR>/pymp-XXXXXXXX/listener-XXXXXXXX``."""
+    """Where multiprocessing's forkserver puts its socket: ``<TMPDIR>/pymp-<8 random>/listener-<8 random>``."""
     import tempfile
 
     return os.path.join(tempfile.gettempdir(), "pymp-" + "x" * 8, "listener-" + "x" * 8)
