@@ -20,7 +20,8 @@ what a rank that died or went silent said last. A rank ignores SIGINT (the paren
 and dies with its parent (PR_SET_PDEATHSIG, and a thread polling the parent
 id), so a SIGKILLed harness leaves no rank behind. On CUDA, a rank makes
 GPU ``rank mod count`` its current device before joining (:func:`gpu_index`),
-so ``"cuda"`` means that GPU in everything it runs.
+so ``"cuda"`` means that GPU in everything it runs, and every task on CUDA runs
+with TF32 off (:func:`exact_float32`).
 
 :func:`run_task` is the same under torchrun (:mod:`harness.engine.torchrun`):
 every rank regenerates the case's inputs from its seed and computes the
@@ -106,6 +107,8 @@ def run_task(ctx: RankContext, task: Task, scenario=None) -> RankResult:
     t0 = time.perf_counter()
     result = RankResult(rank=ctx.rank)
     begin_task()
+    if task.device == "cuda":
+        exact_float32()
     try:
         case = Case.from_dict(task.case)
         impl = ctx.impl(task.impl, task.device)
@@ -174,6 +177,21 @@ def die_with_parent(harness_pid: int) -> None:
             time.sleep(PARENT_POLL_S)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def exact_float32() -> None:
+    """Turn off TF32 in cuDNN's convolutions and cuBLAS's matmuls, for this process.
+
+    torch lets cuDNN convolutions round float32 operands to TF32 (10 mantissa bits) by default on Ampere and
+    newer GPUs. The convolutions around a SyncBN in a model case would then differ from the float64 truth by
+    about 1e-3 relative, far beyond any budget for the SyncBN's own float32 arithmetic, and a correct SyncBN
+    would be judged wrong on CUDA only (seen on an H100 in every float32 conversion case). SyncBN's own
+    kernels do not use TF32, so turning it off judges them exactly as on CPU.
+    """
+    import torch
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
 
 
 def gpu_index(rank: int, device: str, gpus: int) -> Optional[int]:
