@@ -2,8 +2,9 @@
 
 Protocol: :func:`annotate` sets ``record.known_issue`` (a
 :class:`~harness.results.records.KnownIssueMatch`) when an entry matches the
-record's implementation, case ID (shell-style patterns) and torch version (a
-PEP 440 specifier):
+record's implementation, case ID (shell-style patterns), torch version (a
+PEP 440 specifier) and, where the entry names one, device (a defect that shows
+only on ``cuda``, say, because it needs a copy that only a move to the GPU makes):
 - the record has the entry's expected status: ``matched``; the failure is
   expected and does not fail ``run``/``check``/``gate``;
 - the record passes: ``now_passes``; reported so the entry can be retired;
@@ -43,11 +44,13 @@ class KnownIssue:
     status: tuple[str, ...]
     link: str
     note: str = ""
+    device: Optional[str] = None  # "cpu" or "cuda": the entry covers that device's records only; None: any
 
-    def covers(self, impl: str, case: str, version: Version) -> bool:
+    def covers(self, impl: str, case: str, version: Version, device: Optional[str] = None) -> bool:
         return (any(fnmatch.fnmatchcase(impl, p) for p in self.impl) and any(fnmatch.fnmatchcase(case, p)
                                                                             for p in self.cases)
-                and self.torch.contains(version, prereleases=True))
+                and self.torch.contains(version, prereleases=True)
+                and (self.device is None or device == self.device))
 
 
 def default_path() -> Path:
@@ -92,25 +95,30 @@ def load(path: Optional[str] = None) -> tuple[KnownIssue, ...]:
             except ValueError:
                 raise UsageError(f"{p}: issue #{i + 1} status {s!r} is not one of "
                                  f"{', '.join(x.value for x in Status)}") from None
+        device = e.get("device")
+        if device not in (None, "cpu", "cuda"):
+            raise UsageError(f"{p}: issue #{i + 1} device = {device!r}: give \"cpu\" or \"cuda\", or leave it "
+                             "out for a defect seen on both")
         patterns = e["cases"] if isinstance(e["cases"], list) else [e["cases"]]
         impls = e["impl"] if isinstance(e["impl"], list) else [e["impl"]]
         entries.append(KnownIssue(impl=tuple(impls), cases=tuple(patterns), torch=spec, status=tuple(statuses),
-                                  link=e["link"], note=" ".join(str(e.get("note", "")).split())))
+                                  link=e["link"], note=" ".join(str(e.get("note", "")).split()), device=device))
     return tuple(entries)
 
 
-def match(impl: str, case: str, torch_version: str, path: Optional[str] = None) -> Optional[KnownIssue]:
-    """The first entry for (impl, case, torch version), or None."""
+def match(impl: str, case: str, torch_version: str, path: Optional[str] = None,
+          device: Optional[str] = None) -> Optional[KnownIssue]:
+    """The first entry for (impl, case, torch version, device), or None."""
     try:
         version = Version(torch_version)
     except InvalidVersion:
         return None
-    return next((e for e in load(path) if e.covers(impl, case, version)), None)
+    return next((e for e in load(path) if e.covers(impl, case, version, device)), None)
 
 
 def annotate(record: Record, path: Optional[str] = None) -> Record:
     """Set ``record.known_issue`` from the known-issues file (see the module docstring)."""
-    e = match(record.impl, record.case, record.torch_version, path)
+    e = match(record.impl, record.case, record.torch_version, path, record.device)
     if e is not None:
         record.known_issue = KnownIssueMatch(link=e.link, expected=e.status, note=e.note,
                                              matched=record.status.value in e.status,

@@ -12,9 +12,9 @@ ENTRY = ('[[issue]]\nimpl = "torch"\ncases = ["mixed-precision/empty-rank/*"]\nt
          'status = "crash"\nlink = "https://example.invalid/1"\nnote = """one\nline"""\n')
 
 
-def _record(impl, case, status, torch_version="2.13.0+cpu"):
+def _record(impl, case, status, torch_version="2.13.0+cpu", device="cpu"):
     return Record(case=case, family=case.split("/")[0], params={}, impl=impl, status=Status(status),
-                  torch_version=torch_version)
+                  torch_version=torch_version, device=device)
 
 
 @pytest.fixture
@@ -50,6 +50,15 @@ def test_other_impls_cases_and_versions_are_not_covered(entries, impl, case, ver
     assert r.known_issue is None and r.failed
 
 
+def test_an_entry_for_one_device_covers_only_that_devices_records(tmp_path):
+    f = tmp_path / "k.toml"
+    f.write_text(ENTRY.replace('status = "crash"', 'status = "crash"\ndevice = "cuda"'))
+    on_cuda = known_issues.annotate(_record("torch", "mixed-precision/empty-rank/x/ws2", "crash", device="cuda"),
+                                    str(f))
+    on_cpu = known_issues.annotate(_record("torch", "mixed-precision/empty-rank/x/ws2", "pass"), str(f))
+    assert on_cuda.known and on_cpu.known_issue is None and on_cpu.label == "pass"
+
+
 def test_a_record_round_trips_with_its_match(entries):
     r = known_issues.annotate(_record("torch", "mixed-precision/empty-rank/x/ws2", "crash"), entries)
     again = Record.from_dict(r.to_dict())
@@ -63,6 +72,9 @@ def test_bad_known_issues_file_names_the_problem(tmp_path):
         known_issues.load(str(f))
     f.write_text('[[issue]]\nimpl = "torch"\ncases = ["*"]\ntorch = ">1"\nstatus = "boom"\nlink = "x"\n')
     with pytest.raises(UsageError, match="status 'boom' is not one of pass, mismatch"):
+        known_issues.load(str(f))
+    f.write_text(ENTRY.replace('status = "crash"', 'status = "crash"\ndevice = "gpu"'))
+    with pytest.raises(UsageError, match="device = 'gpu': give \"cpu\" or \"cuda\""):
         known_issues.load(str(f))
     f.write_text('[[issue]]\nimpl = "torch"\n')
     with pytest.raises(UsageError, match="issue #1 lacks cases, torch, status, link"):
