@@ -113,6 +113,9 @@ def write_short(case: Case, impl_name: str, record, path: Path, *, verify: bool 
     except NoSymptom as exc:
         raise UsageError(f"{case.id}: {exc}") from None
     target = short.Target.of(adapter)
+    if record.device == "cuda":
+        # Seen on a GPU: the file runs there only, without the CPU stand-ins a cpu-emulation finding carries.
+        target = target.gpu_only()
     path.write_text(short.source(case, target, symptom, seen=seen_line(record, case), title=title))
     path.chmod(0o755)
     written = Written(path, "short", record)

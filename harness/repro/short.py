@@ -25,7 +25,8 @@ torch's ``torch.nn.SyncBatchNorm`` refuses CPU tensors, and its five
 plain-torch stand-ins for them (:data:`harness.repro.short_text.CPU_STAND_INS`,
 statistics in float32 as CUDA keeps them) and says plainly that it does: a
 symptom shown that way lives in torch's Python code (or in the stand-ins), and
-the same file run on a GPU confirms it.
+the same file run on a GPU confirms it. A symptom the harness saw on CUDA gets
+a file for CUDA only (:meth:`Target.gpu_only`): no stand-ins, a GPU required.
 
 :func:`unexpressible` lists what the short form cannot state (a case that
 converts a model, compiles, uses torch's non-gloo path, views its input in no
@@ -61,6 +62,10 @@ class Target:
     import_line: str
     on_cuda: bool  # torch's layer: CUDA when there is one, else the CPU stand-ins
     cuda_only: bool = False  # kernels that exist on CUDA only (apex's optimized extension): the file needs a GPU
+
+    def gpu_only(self) -> "Target":
+        """This target on CUDA only: torch's layer without the CPU stand-ins (for a symptom seen on a GPU)."""
+        return replace(self, on_cuda=False, cuda_only=True) if self.on_cuda else self
 
     @classmethod
     def of(cls, impl) -> Optional["Target"]:

@@ -187,7 +187,7 @@ MAIN = r'''
 
 def main():
     """Spawn the ranks; exit 1 if the SYMPTOM shows, 0 if every rank agrees with BatchNorm, 2 otherwise."""
-    with socket.socket() as s:
+@@NEEDS_GPU@@    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     try:
@@ -211,6 +211,10 @@ CUDA_DEVICE = r"""    if DEVICE == "cuda":
         stand_in_cuda_ops()
 """
 CUDA_ONLY_DEVICE = r"""    torch.cuda.set_device(rank % torch.cuda.device_count())
+"""
+NEEDS_GPU = r"""    if not torch.cuda.is_available():
+        print("OTHER: needs a GPU (the layer's kernels here are CUDA kernels)")
+        return 2
 """
 
 CPU_STAND_INS = r'''
@@ -370,5 +374,6 @@ def render(v: dict, *, cuda: bool, stand_ins: bool = True) -> str:
               .replace("@@GROUPS@@", GROUPS_BLOCK if v["groups"] else WORLD_BLOCK)
               .replace("@@FMT@@", ".to(memory_format=MEMORY_FORMAT)" if fmt else "")
               .replace("@@GFMT@@", ".to(memory_format=GRAD_MEMORY_FORMAT)" if fmt else "")
-              .replace("@@CHECK_GROUP@@", ", group, members" if across else ""), MAIN]
+              .replace("@@CHECK_GROUP@@", ", group, members" if across else ""),
+              MAIN.replace("@@NEEDS_GPU@@", NEEDS_GPU if cuda and not stand_ins else "")]
     return "\n".join(p.rstrip("\n") for p in parts) + "\n"

@@ -169,3 +169,23 @@ def test_the_short_form_refuses_what_it_cannot_state(tmp_path):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--long" in proc.stderr and "scenario" in proc.stderr
     assert not (tmp_path / "x.py").exists()
+
+
+def test_a_symptom_seen_on_cuda_gets_a_gpu_only_file_without_the_stand_ins(tmp_path):
+    """torch's record is made here in cpu-emulation; its device is then set to cuda, standing in for a run on a
+    GPU (there is none here): the file written from it must need a GPU and carry no CPU stand-ins."""
+    from harness.repro import find_case, observe, write_short
+
+    case = find_case("mixed-precision/empty-rank/float16-float32/ws2")
+    record = observe(case, "torch", "cpu", timeout=120)
+    assert record.status.value == "crash"
+    record.device, record.backend, record.mode = "cuda", "gloo", "native"
+    path = tmp_path / "gpu.py"
+    write_short(case, "torch", record, path, verify=False)
+    text = path.read_text()
+    compile(text, str(path), "exec")
+    assert_short_and_standalone(text)
+    assert "stand_in_cuda_ops" not in text and 'DEVICE = "cuda"\n' in text
+    assert "a GPU" in text and "see below without a GPU" not in text and "cpu-emulation" not in text
+    assert "if not torch.cuda.is_available():" in text  # no GPU: says so and exits 2, no traceback
+    assert len(text.splitlines()) < 130
