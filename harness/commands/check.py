@@ -145,15 +145,18 @@ def check_exit_code(selection, imported_fd: Optional[int] = None) -> int:
         if imported_fd is not None:
             os.write(imported_fd, b"t")
             os.close(imported_fd)
-        from harness.engine.session import run_selection
+        from harness.engine.plan import execute, make_plan
 
-        impls = selection.resolve_impls()
-        for r in run_selection(selection.cases, impls, selection.run_options(diagnose=False)):
+        def on_record(r) -> None:
             records.append(r)
             if r.ran and r.failed:
                 click.echo(f"check: {r.status.value} {r.case} [{r.impl}] {r.message}", err=True)
             elif r.ran and r.known:
                 click.echo(f"check: {r.status.value} as known ({r.known_issue.link}) {r.case} [{r.impl}]", err=True)
+
+        _, is_writer = execute(make_plan(selection, diagnose=False), on_record=on_record)
+        if not is_writer:
+            return 0  # a torchrun rank other than the writer: the writer gives the verdict
         judgement = judge(records)
         if judgement.verdict is Verdict.SKIP:
             click.echo(f"check: {judgement.reason}; cannot test", err=True)

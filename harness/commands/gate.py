@@ -73,13 +73,12 @@ def current_key(selection) -> str:
 
 def run_current(selection) -> list:
     """Run the selection now (not stored), with progress on a terminal."""
-    from harness.engine.session import run_selection
+    from harness.engine.plan import execute, make_plan
     from harness.results.progress import Progress, wanted
 
-    impls = selection.resolve_impls()
-    out = []
-    with Progress(len(selection.cases) * len(impls), enabled=wanted(sys.stderr)) as bar:
-        for record in run_selection(selection.cases, impls, selection.run_options(diagnose=False)):
-            bar.update(record)
-            out.append(record)
-    return out
+    plan = make_plan(selection, diagnose=False)
+    with Progress(plan.to_run, enabled=wanted(sys.stderr)) as bar:
+        records, is_writer = execute(plan, on_record=bar.update)
+    if not is_writer:
+        sys.exit(0)  # a torchrun rank other than the writer: the writer gives the verdict
+    return records

@@ -76,23 +76,23 @@ def search(selection, store_dir, budget, max_cases, seed, save, out, shrink_limi
 def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Path, shrink_limit_s, command,
                systems: tuple = ("layer",)):
     """The search behind the command: explore, write records, summary and repro files, promote; return them."""
-    from harness.buildinfo import build_info
+    from harness.engine import forkserver
+    from harness.engine.plan import make_plan
     from harness.engine.session import Session
+    from harness.errors import UsageError
     from harness.results.progress import wanted
-    from harness.engine.plan import store_key
     from harness.results.store import Store
     from harness.search.explore import Explorer
     from harness.search.findings import assess_finding, order_by_severity, write_repros, write_summary
 
-    from harness.engine import forkserver
-
     forkserver.prewarm(dynamo="compile" in systems)  # only the compile system compiles
-    impls = selection.resolve_impls()
-    opts = selection.run_options(diagnose=False)
-    info = build_info()
-    key = store_key(info, opts)
+    # The plan decides the adapters, options, build and store key, and refuses a store that cannot take them;
+    # search draws its own cases, so the plan holds none.
+    plan = make_plan(selection, store_dir=store_dir, diagnose=False, cases=[])
+    if plan.launcher != "local":
+        raise UsageError("search starts its own ranks (one warm pool per world size): run it without torchrun")
+    impls, opts, info, key = plan.impls, plan.opts, plan.info, plan.key
     store = Store(store_dir)
-    store.prepare(key)
     live = wanted(sys.stderr)
     backends = (None, "nccl-contract") if opts.device == "cpu" and opts.resolved_backend == "gloo" else (None,)
 

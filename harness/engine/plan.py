@@ -1,7 +1,11 @@
-"""One plan per run: what a ``run`` will do, decided once, then executed by the launcher it names.
+"""One plan per run: what a command that runs cases will do, decided once, then executed by the launcher it names.
 
+Every command that runs cases builds its run here: ``run``, ``check`` (and
+so every step of a bisection, which runs ``check`` per build), ``gate``'s
+current build, ``repro``'s observation and ``search``'s session.
 Protocol: :func:`make_plan` turns a :class:`~harness.selection.Selection`
-and the store options into a :class:`Plan`: the adapters (``--compare``'s
+(or explicit cases: a repro's one case, none for a search that draws its
+own) and the store options into a :class:`Plan`: the adapters (``--compare``'s
 second implementation included), the run options, the build under test and
 its store key (:func:`store_key`, the one spelling of it), the launcher
 (``local``: this process drives warm pools; ``torchrun``: this process is
@@ -82,15 +86,22 @@ class Plan:
         return [by_pair[(c.id, i.name)] for c in self.cases for i in self.impls if (c.id, i.name) in by_pair]
 
 
-def make_plan(selection: Selection, *, store_dir: Optional[str], resume: bool = False,
-              compare: Optional[tuple[str, str]] = None, diagnose: bool = True) -> Plan:
-    """The plan of one run of ``selection`` (see the module docstring); refuses a store that cannot take it."""
+def make_plan(selection: Selection, *, store_dir: Optional[str] = None, resume: bool = False,
+              compare: Optional[tuple[str, str]] = None, diagnose: bool = True, cases: Optional[list] = None) -> Plan:
+    """The plan of one run of ``selection`` (see the module docstring); refuses a store that cannot take it.
+
+    ``store_dir`` None: the records are not stored (``check``, ``gate``'s current build, ``repro``). ``cases``:
+    these cases instead of the selection's.
+    """
     from harness.results.store import Store, latest
 
+    if resume and store_dir is None:
+        raise ValueError("resume needs a store")
     impls = selection.resolve_impls(extra=compare or ())
     opts = selection.run_options(compare=compare, diagnose=diagnose)
     info = build_info()
-    plan = Plan(cases=selection.cases, impls=impls, opts=opts, info=info, key=store_key(info, opts),
+    plan = Plan(cases=selection.cases if cases is None else list(cases), impls=impls, opts=opts, info=info,
+                key=store_key(info, opts),
                 launcher="torchrun" if under_torchrun() else "local", store_dir=store_dir, resume=resume)
     if store_dir is None:
         return plan

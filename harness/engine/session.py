@@ -1,8 +1,9 @@
 """Run a selection: (case x implementation) through warm pools, one record each.
 
-:func:`run_selection` is the plain function behind ``run`` (through
-:mod:`harness.engine.plan`), ``check``, ``gate`` and ``repro``; :class:`Session` is what it and the pytest plugin of
-``cases/`` use to run one (case, impl) at a time. Records are yielded as
+:func:`run_selection` is the local launcher of every command's plan
+(:func:`harness.engine.plan.execute`: ``run``, ``check``, ``gate``, ``repro``);
+:class:`Session` is what it, ``search`` and the pytest plugin of ``cases/``
+use to run one (case, impl) at a time. Records are yielded as
 cases finish, so callers can store and print them one by one. Cases are
 grouped by world size and backend (a case may name its own, see
 ``Case.backend``); the pool of each starts when first needed and is closed

@@ -74,15 +74,17 @@ def observe(case: Case, impl_name: str, device: str, timeout: float = 300.0):
     On CUDA the ranks use nccl when there is a GPU per rank, else gloo (ranks share the GPUs; gloo carries CUDA
     tensors), as the short file itself does, so that a case is observed on any number of GPUs.
     """
-    from harness.engine.session import RunOptions, resolve_impls, run_selection
+    from harness.engine.plan import execute, make_plan
+    from harness.selection import Selection
 
     backend = None
     if device == "cuda":
         import torch
 
         backend = "nccl" if torch.cuda.device_count() >= case.world_size else "gloo"
-    opts = RunOptions(device=device, backend=backend, timeout=timeout, diagnose=False)
-    return next(iter(run_selection([case], resolve_impls([impl_name]), opts)))
+    selection = Selection(impls=(impl_name,), device=device, backend=backend, timeout=timeout)
+    records, _ = execute(make_plan(selection, diagnose=False, cases=[case]))
+    return records[0]
 
 
 def seen_line(record, case: Case) -> str:
