@@ -8,7 +8,9 @@ the build's identity, every rank's outcome, every rank's metrics (prefixed
 ahead of the crash or hang it causes, and a mismatch where nothing else
 failed), the checks across ranks of the case's scenario (a rank-level pass
 can still be a case-level mismatch there), what torch.compile did on each
-rank (compiled cases), and what the known-issues file says of it.
+rank (compiled cases), and what the known-issues file says of it. An error that
+``nn.BatchNorm`` raises too on the same dtypes is ``unsupported``
+(:mod:`harness.judge.plain_layer`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Optional
 from harness.buildinfo import BuildInfo
 from harness.engine.attribution import message as attribution_message
 from harness.judge.desync import first_divergence
+from harness.judge.plain_layer import refused_like_the_layer
 from harness.results.known_issues import annotate
 from harness.results.records import RankStatus, Record, Status
 
@@ -53,6 +56,15 @@ def from_outcome(case, impl, info: BuildInfo, device: str, backend: str, outcome
     metrics = {f"rank{res.rank}.{name}": m for res in results for name, m in res.metrics.items()}
     status = outcome.status
     text = attribution_message(outcome.ranks)
+    if status == Status.ERROR:
+        said = refused_like_the_layer(case, device, outcome.ranks)
+        if said:
+            # What nn.BatchNorm raises too is documented behaviour: the other ranks' failures, if any, remain.
+            others = {o.status for o in outcome.ranks if o.status is not RankStatus.ERROR}
+            status = Status.MISMATCH if RankStatus.MISMATCH in others else Status.UNSUPPORTED
+            layer = f"nn.BatchNorm on {device} refuses {case.dtype} input with {case.param_dtype} parameters too " \
+                    f"({said})"
+            text = f"{text}; {layer}" if status == Status.MISMATCH else f"{layer}: the SyncBN raises what it replaces"
     desync = first_divergence({o.rank: o.collectives for o in outcome.ranks},
                               [r.rank for r in results if r.status in (RankStatus.PASS, RankStatus.MISMATCH)])
     if desync is not None:
