@@ -10,7 +10,7 @@ failed), the checks across ranks of the case's scenario (a rank-level pass
 can still be a case-level mismatch there), what torch.compile did on each
 rank (compiled cases), and what the known-issues file says of it. An error that
 ``nn.BatchNorm`` raises too on the same dtypes is ``unsupported``
-(:mod:`harness.judge.plain_layer`).
+(:mod:`harness.engine.plain_layer`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Optional
 from harness.buildinfo import BuildInfo
 from harness.engine.attribution import message as attribution_message
 from harness.judge.desync import first_divergence
-from harness.judge.plain_layer import refused_like_the_layer
+from harness.engine.plain_layer import refused_like_the_layer
 from harness.results.known_issues import annotate
 from harness.results.records import RankStatus, Record, Status
 

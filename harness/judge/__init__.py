@@ -6,5 +6,4 @@
 - :mod:`~harness.judge.elementwise`: one tensor against its truth, elementwise, under a final tolerance;
 - :mod:`~harness.judge.invariants`: what must be bitwise the same on every rank of a group;
 - :mod:`~harness.judge.desync`: the collectives the ranks issued, checked against each other.
-- :mod:`~harness.judge.plain_layer`: what ``nn.BatchNorm`` itself refuses (a SyncBN raising the same is no defect).
 """

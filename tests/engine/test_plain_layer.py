@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from harness import catalog
-from harness.judge.plain_layer import refusal, refused_like_the_layer
+from harness.engine.plain_layer import refusal, refused_like_the_layer
 from harness.results.records import RankOutcome, RankStatus, Status
 
 BASE = next(c for c in catalog.all_cases() if c.id == "mixed-precision/uneven/float32-float64/ws2")
