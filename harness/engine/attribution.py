@@ -73,6 +73,32 @@ def in_collective(dump: str) -> bool:
     return any(m in main for m in COLLECTIVE_MARKERS)
 
 
+def waits_for_good(calls: Optional[list], done: dict[int, tuple[list, bool]]) -> Optional[bool]:
+    """Whether a silent rank that issued ``calls`` (its collectives this task, in order) waits in one that cannot
+    complete, given the ranks that are done with the task: ``done`` maps each to (its collectives, whether it died).
+
+    True: the group of its last collective holds a done rank that issued fewer collectives over that group, so
+    that rank never issued this one and never will. None: a member of that group died after issuing as many (it
+    may have died inside this very collective, or after it): only the silent rank's stack can tell. False:
+    nothing says it is stuck (it issued nothing, or the done members issued this collective and lived).
+    """
+    if not calls:
+        return False
+    group = calls[-1].get("group")
+    if group is None:
+        return False
+    mine = sum(c.get("group") == group for c in calls)
+    ambiguous = False
+    for rank, (theirs, died) in done.items():
+        if rank not in group:
+            continue
+        issued = sum(c.get("group") == group for c in theirs or ())
+        if issued < mine:
+            return True
+        ambiguous = ambiguous or (died and issued == mine)
+    return None if ambiguous else False
+
+
 def attribute(observations: list[Observation], *, failed_first: bool,
               timeout: float) -> tuple[Status, list[RankOutcome]]:
     """The case's status and every rank's outcome (see the module docstring)."""

@@ -9,7 +9,12 @@ port and rank number, never through the caller's environment.
 One task (:meth:`Pool.run`): the parent sends it to every rank and waits on
 every rank's pipe and process sentinel until all have answered or the
 timeout expires. After a first failure (an exception or a death) the others
-get ``PEER_GRACE_S`` to answer. Ranks still silent then have their Python
+get ``PEER_GRACE_S`` to answer, unless each one still silent provably waits in
+a collective that cannot complete (:func:`~harness.engine.attribution.waits_for_good`:
+a done member of its group never issued it, or died having issued it while
+the silent rank's stack is inside torch.distributed): then the wait ends at
+once, since a crash that leaves its peers in a gloo collective would
+otherwise cost the whole grace every time. Ranks still silent have their Python
 stacks dumped (faulthandler on SIGUSR1, into their logs); the collectives a
 rank without an answer had issued are read from the file it writes them to
 before issuing each (``rank<r>.calls`` beside its log); and
@@ -38,7 +43,7 @@ from typing import Optional
 
 from harness.engine import logs
 from harness.engine.forkserver import start_context
-from harness.engine.attribution import Observation, attribute, describe_exit
+from harness.engine.attribution import Observation, attribute, describe_exit, in_collective, waits_for_good
 from harness.engine.collectives import read_sink
 from harness.engine.messages import RankResult, Task, TaskOutcome
 from harness.engine.reuse import reusable
@@ -49,6 +54,7 @@ from harness.results.records import RankStatus, Status
 log = logging.getLogger(__name__)
 
 PEER_GRACE_S = 3.0
+RECHECK_S = 0.05  # after a failure, how often the silent ranks' collectives are read again
 DUMP_WAIT_S = 2.0
 STOP_WAIT_S = 5.0
 LOG_TAIL = 6000
@@ -201,11 +207,17 @@ class Pool:
         pending = set(range(n))
         deadline = time.monotonic() + timeout
         first_failure: Optional[float] = None
+        stuck_dumps: dict[int, str] = {}  # silent ranks whose stack showed them inside a collective
+        dumped: set[int] = set()  # silent ranks whose stack was looked at once already
         while pending:
             limit = deadline if first_failure is None else min(deadline, first_failure + PEER_GRACE_S)
             remaining = limit - time.monotonic()
             if remaining <= 0:
                 break
+            if first_failure is not None:
+                if self._all_stuck(pending, observations, stuck_dumps, dumped):
+                    break
+                remaining = min(remaining, RECHECK_S)  # a silent rank may enter its last collective any moment
             for r in self._ready(pending, remaining):
                 msg = self._recv(r)
                 ob = observations[r]
@@ -220,7 +232,7 @@ class Pool:
                         first_failure = first_failure or time.monotonic()
                 pending.discard(r)
         for r in sorted(pending):
-            observations[r].stack_dump = self.dump_stack(r)
+            observations[r].stack_dump = stuck_dumps.get(r) or self.dump_stack(r)
             observations[r].collectives = self.calls_of(r)
         status, outcomes = attribute(list(observations.values()), failed_first=first_failure is not None,
                                      timeout=timeout)
@@ -234,6 +246,28 @@ class Pool:
             kept = self._keep_logs(f"ws{self.world_size}")
         return TaskOutcome(status=status, ranks=outcomes, results=[observations[r].result for r in range(n)],
                            logs=str(kept) if kept else None)
+
+    def _all_stuck(self, pending: set[int], observations: dict, dumps: dict[int, str], dumped: set[int]) -> bool:
+        """Whether every rank in ``pending`` waits in a collective that cannot complete (see the module docstring).
+
+        A rank whose case is ambiguous (a dead member of its group issued as many collectives) has its stack
+        dumped once; a dump that shows it inside a collective is kept in ``dumps`` as its evidence.
+        """
+        done = {r: (ob.result.collectives if ob.result is not None else ob.collectives or self.calls_of(r) or [],
+                    ob.died) for r, ob in observations.items() if r not in pending}
+        for r in sorted(pending):
+            if r in dumps:
+                continue
+            verdict = waits_for_good(self.calls_of(r), done)
+            if verdict is None and r not in dumped:
+                dumped.add(r)
+                dump = self.dump_stack(r)
+                verdict = in_collective(dump)
+                if verdict:
+                    dumps[r] = dump
+            if not verdict:
+                return False
+        return True
 
     def _keep_logs(self, label: str) -> Optional[Path]:
         """Move the rank logs of a failure into the cache (bounded, :mod:`harness.engine.logs`); where they went.
@@ -285,12 +319,11 @@ class Pool:
         deadline = time.monotonic() + DUMP_WAIT_S
         text = ""
         while time.monotonic() < deadline:
-            time.sleep(0.05)
-            text = read_from(path, before)
-            if "most recent call first" in text:
-                time.sleep(0.2)  # let faulthandler finish writing every thread
-                text = read_from(path, before)
-                break
+            time.sleep(0.01)
+            now = read_from(path, before)
+            if "most recent call first" in text and now == text:
+                break  # faulthandler has written every thread: the dump stopped growing
+            text = now
         return text[-LOG_TAIL:]
 
     def calls_of(self, r: int) -> Optional[list]:

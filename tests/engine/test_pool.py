@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import catalog
+from harness.engine.pool import PEER_GRACE_S
 from harness.engine.session import RunOptions, Session, resolve_impls, run_selection
 from harness.results.records import RankStatus, Status
 from proctools import children_of, rank_processes
@@ -38,6 +39,7 @@ def failing_then_passing(probe: str, timeout: float = 20.0):
     t0 = time.monotonic()
     session = Session([probe_impl, ref], RunOptions(timeout=timeout, diagnose=False))
     try:
+        assert session.run_one(next_case, ref).status == Status.PASS  # warm: the pool's start is not the failure's
         bad = session.run_one(bad_case, probe_impl)
         pool = session.pools[(2, "gloo")]
         assert not pool.alive, "a failed case must tear its pool down"
@@ -69,6 +71,8 @@ def test_exception_on_rank1_is_an_error_of_rank1():
     assert rank(bad, 0).status is RankStatus.PEER_FAILED
     assert bad.message.startswith("rank 1: error (RuntimeError: planted failure on rank 1)")
     assert elapsed < 60
+    # Rank 0 waits in an all_gather rank 1 never issued: no grace period is waited out.
+    assert bad.duration_s < PEER_GRACE_S / 2, bad.duration_s
 
 
 @pytest.mark.slow
@@ -84,6 +88,27 @@ def test_signal_on_rank1_is_a_crash_of_rank1(probe, signame):
     if signame == "SIGSEGV":
         assert "Fatal Python error" in (r1.stack_dump or "")  # faulthandler's traceback of the crash
     assert elapsed < 60
+    assert bad.duration_s < PEER_GRACE_S / 2, bad.duration_s
+
+
+@pytest.mark.slow
+def test_a_rank_dying_inside_a_collective_leaves_its_peer_stuck_and_that_is_seen_at_once():
+    """torch's known empty-rank crash: rank 0 issues the all_gather with a half row and gloo aborts it inside the
+    collective, which rank 1 issued too. Only rank 1's stack can tell it is stuck there; it is read at once."""
+    [case], [warm] = catalog.select(["mixed-precision/empty-rank/float16-float32/ws2"]), catalog.select([NEXT])
+    [torch_impl] = resolve_impls(["torch"])
+    session = Session([torch_impl], RunOptions(timeout=20, diagnose=False))
+    try:
+        assert session.run_one(warm, torch_impl).status == Status.PASS  # the pool's start is not the crash's time
+        bad = session.run_one(case, torch_impl)
+    finally:
+        session.close()
+    assert bad.status == Status.CRASH and bad.known, bad.message
+    stuck = next(o for o in bad.ranks if o.status is RankStatus.PEER_FAILED)
+    # Rank 1 stays inside the all_gather, or gets through it (rank 0's row arrived before its abort) and waits in
+    # the next collective, or gloo tells it the peer is gone: either way it issued the all_gather rank 0 died in.
+    assert stuck.collectives and stuck.collectives[0]["op"] == "all_gather", stuck
+    assert bad.duration_s < PEER_GRACE_S / 2, bad.duration_s
 
 
 @pytest.mark.slow
