@@ -68,6 +68,9 @@ def test_bench_run_times_this_tree_against_an_exported_commit(tmp_path):
     assert all(p.startswith(str(tree.root)) for p in probe.stdout.split()), probe.stdout
     lines: list[str] = []
     before = set(bench_commands.Path(tempfile.gettempdir()).glob("syncbn-bench-*"))
+    # This tree is the checkout's root: its harness package first on the path, nothing of it shadowing the
+    # standard library (the package folder itself on the path makes harness/bisect shadow bisect).
+    assert (bench_commands.ROOT / "pyproject.toml").exists() and (bench_commands.ROOT / "harness").is_dir()
     rows = bench_commands.bench_run("HEAD", ("startup",), repeat=1, warmup=False, echo=lines.append)
     assert rows[0]["figure"] == "startup" and rows[0]["ratio"] > 0
     assert lines[1].startswith("startup") and "ratio" in lines[1]

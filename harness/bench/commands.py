@@ -149,6 +149,10 @@ def export_baseline(repo: Path, ref: str, into: Path) -> Tree:
     return Tree(f"baseline {commit}", root, python_path(root))
 
 
+# The checkout this module is in: what ``this tree`` runs (its ``harness`` package is ``ROOT / "harness"``).
+ROOT = Path(__file__).resolve().parents[2]
+
+
 def python_path(root: Path) -> dict:
     """``PYTHONPATH`` for a tree: its root (its ``harness`` first) and its test plugins."""
     parts = [str(root), str(root / "tests" / "support"), os.environ.get("PYTHONPATH", "")]
@@ -171,7 +175,8 @@ def time_command(tree: Tree, args: list[str], scratch: Path) -> float:
     elapsed = time.perf_counter() - t0
     await_quiet(proc.pid)
     shutil.rmtree(store, ignore_errors=True)
-    if proc.returncode not in (0, 1):
+    # Exit 1 is a finding, not a failure of the bench; a traceback is (Python exits 1 on an uncaught exception).
+    if proc.returncode not in (0, 1) or "Traceback (most recent call last)" in (stderr or ""):
         tail = "\n".join((stderr or stdout).strip().splitlines()[-15:])
         raise RuntimeError(f"{tree.label}: `{' '.join(cmd)}` exited {proc.returncode}:\n{tail}")
     return elapsed
@@ -212,7 +217,7 @@ def _running_in(session: int) -> list[int]:
 def bench_run(baseline: Optional[str], figures: tuple[str, ...], repeat: int, warmup: bool,
               echo: Callable[[str], None] = print) -> list[dict]:
     """Time each figure in this tree and (with ``baseline``) in that commit, turn by turn; print and return."""
-    here = Path(__file__).resolve().parents[1]
+    here = ROOT
     scratch = Path(tempfile.mkdtemp(prefix="syncbn-bench-"))
     try:
         trees = [Tree("this tree", here, python_path(here))]

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from harness.bench.commands import Tree, export_baseline, python_path, repository_root
+from harness.bench.commands import ROOT, Tree, export_baseline, python_path, repository_root
 from harness.errors import UsageError
 from harness.results.store import Store, build_key
 
@@ -113,7 +113,7 @@ def bench_store(sizes: tuple[int, ...], builds: int, source: Optional[str], base
     """Make each store, time the commands in this tree (and the baseline's), print and return the rows."""
     if any(n < builds for n in sizes):
         raise UsageError(f"--records {min(sizes)} is fewer than --builds {builds}: give at least one record a build")
-    here = Path(__file__).resolve().parents[1]
+    here = ROOT
     scratch = Path(tempfile.mkdtemp(prefix="syncbn-bench-store-", dir=keep))
     rows = []
     try:
