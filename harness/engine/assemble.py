@@ -21,6 +21,7 @@ from typing import Optional
 from harness.buildinfo import BuildInfo
 from harness.engine.attribution import message as attribution_message
 from harness.judge.desync import first_divergence
+from harness.judge.metric_key import MetricKey
 from harness.engine.plain_layer import refused_like_the_layer
 from harness.results.known_issues import annotate
 from harness.results.records import RankStatus, Record, Status
@@ -35,7 +36,7 @@ def record(case, impl, info: BuildInfo, device: str, backend: str, status: Statu
     """A record of ``(case, impl)`` on this build, annotated with the known-issues file."""
     version = fields.pop("impl_version", None) or _safe_version(impl)
     rec = Record(case=case.id, family=case.family, params=case.params(), impl=impl.name, status=status,
-                 message=message, impl_version=version, mode=fields.pop("mode", None) or impl.mode,
+                 message=message, impl_version=version, mode=fields.pop("mode", None) or impl.mode_on(device),
                  torch_version=info.torch_version, torch_git_version=info.torch_git_version,
                  cuda_version=info.cuda_version, device=device, backend=backend, world_size=case.world_size,
                  host=info.host, started_at=fields.pop("started_at", None) or now(), **fields)
@@ -53,7 +54,7 @@ def from_outcome(case, impl, info: BuildInfo, device: str, backend: str, outcome
     from harness.scenarios import module as scenario
 
     results = [r for r in outcome.results if r is not None]
-    metrics = {f"rank{res.rank}.{name}": m for res in results for name, m in res.metrics.items()}
+    metrics = {str(MetricKey.parse(name).on_rank(res.rank)): m for res in results for name, m in res.metrics.items()}
     status = outcome.status
     text = attribution_message(outcome.ranks)
     if status == Status.ERROR:

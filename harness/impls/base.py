@@ -67,6 +67,11 @@ class Impl(abc.ABC):
         """What :func:`resolve` takes to rebuild this adapter in another process."""
         return self.name
 
+    def mode_on(self, device: str) -> Optional[str]:
+        """The mode a rank on ``device`` runs this implementation in, as the parent can tell before any rank
+        answers (a record whose ranks all died or were cut off still names it); ranks report their own."""
+        return self.mode
+
     def version(self) -> Optional[str]:
         return None
 

@@ -32,6 +32,9 @@ class TorchImpl(Impl):
 
         return torch.__version__
 
+    def mode_on(self, device: str) -> Optional[str]:
+        return "cpu-emulation" if device == "cpu" else "native"
+
     def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
         """The capabilities' reason, else why CUDA's kernels refuse torch's SyncBN on ``case`` (either device)."""
         reason = super().unsupported_reason(case, device)

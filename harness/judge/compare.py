@@ -58,6 +58,7 @@ import torch
 from harness.catalog.case import DTYPES, MEMORY_FORMATS, Case
 from harness.judge.elementwise import compare_tensor
 from harness.judge.metric import Metric
+from harness.judge.metric_key import step_key, sum_key
 from harness.slices import batch_slices
 
 K = 8.0
@@ -250,9 +251,9 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict],
             coef_xhat, coef_one = coef_xhat + c_running, coef_one + c_running
         tol_y = partial(_output_tolerance, y=y, x=x, mu=mu, invstd=invstd, c_y=K * b.u_in,
                         c_xhat=_chan(K * coef_xhat, x), c_one=_chan(K * coef_one, x))
-        tag = f"step{s}.{truth.kind}"
+        key = partial(step_key, s, truth.kind)
         expected_format = fmt if obs.get("layout_checked", True) else None
-        out.append((f"{tag}.output", compare_tensor(obs["output"], y, tol_y, dtype=b.dtype,
+        out.append((key("output"), compare_tensor(obs["output"], y, tol_y, dtype=b.dtype,
                                                      memory_format=expected_format)))
         grads = obs.get("grads", "own")  # own | none (no backward) | deferred (a later step's) | accumulated
         if grads != "none":
@@ -273,7 +274,7 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict],
             tol_dx = partial(_grad_input_tolerance, gin=truth.grad_input[rank], x=x, dy=dy, mu=mu, invstd=invstd,
                              c_gin=K * b.u_in, c_dy=_chan(K * coef_dy, x), c_xhat=_chan(K * coef * mean_abs_dyx, x),
                              c_one=_chan(K * coef * mean_abs_dy, x))
-            out.append((f"{tag}.grad_input", compare_tensor(obs["grad_input"], truth.grad_input[rank], tol_dx,
+            out.append((key("grad_input"), compare_tensor(obs["grad_input"], truth.grad_input[rank], tol_dx,
                                                              dtype=b.dtype)))
         if case.affine and grads in ("own", "accumulated"):
             steps = obs.get("grad_steps") or [s]
@@ -281,20 +282,20 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict],
             true_gb = sum(shares[i][1] for i in steps)
             tol_gw = sum(shares[i][2] for i in steps) + b.u_p * true_gw.abs()
             tol_gb = sum(shares[i][3] for i in steps) + b.u_p * true_gb.abs()
-            out.append((f"{tag}.grad_weight", compare_tensor(obs["grad_weight"], true_gw, K * tol_gw,
+            out.append((key("grad_weight"), compare_tensor(obs["grad_weight"], true_gw, K * tol_gw,
                                                               dtype=b.pdtype)))
-            out.append((f"{tag}.grad_bias", compare_tensor(obs["grad_bias"], true_gb, K * tol_gb, dtype=b.pdtype)))
+            out.append((key("grad_bias"), compare_tensor(obs["grad_bias"], true_gb, K * tol_gb, dtype=b.pdtype)))
         if case.track_running_stats:
             rm_true, rv_true = truth.running_mean[rank], truth.running_var[rank]
             rm_tol, rv_tol = running[s][1]
-            out.append((f"{tag}.running_mean", compare_tensor(obs["running_mean"], rm_true, K * rm_tol,
+            out.append((key("running_mean"), compare_tensor(obs["running_mean"], rm_true, K * rm_tol,
                                                                dtype=b.pdtype)))
-            out.append((f"{tag}.running_var", compare_tensor(obs["running_var"], rv_true, K * rv_tol,
+            out.append((key("running_var"), compare_tensor(obs["running_var"], rv_true, K * rv_tol,
                                                               dtype=b.pdtype)))
             got_nbt = obs.get("num_batches_tracked")
             want = truth.num_batches_tracked[rank]
             if got_nbt != want:
-                out.append((f"{tag}.num_batches_tracked",
+                out.append((key("num_batches_tracked"),
                             Metric.failure(f"num_batches_tracked {got_nbt}, expected {want}")))
     return out
 
@@ -368,7 +369,7 @@ def judge_sums(sum_truth: dict, shares: list[dict]) -> list[tuple[str, Metric]]:
             judged = torch.isfinite(torch.tensor(parts, dtype=torch.float64)).all(0)
             got = torch.where(judged, got, true)
             m = compare_tensor(got, true, torch.tensor(t["tol"], dtype=torch.float64))
-            out.append((f"step{step}.{which}_sum", m))
+            out.append((sum_key(step, which), m))
     return out
 
 

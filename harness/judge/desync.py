@@ -27,6 +27,7 @@ from typing import Iterable, Optional
 
 from harness.catalog.case import STEP_KINDS
 from harness.judge.metric import Metric
+from harness.judge.metric_key import step_key
 
 
 def signature(call: dict) -> tuple:
@@ -50,7 +51,7 @@ def eval_checks(case, calls: list[dict]) -> list[tuple[str, Metric]]:
             continue
         mine = [c for c in calls if c.get("step") == s]
         if mine:
-            out.append((f"step{s}.eval.collectives", Metric.failure(
+            out.append((step_key(s, "eval", "collectives"), Metric.failure(
                 f"eval issued {len(mine)} collective(s), first {describe(mine[0])} over ranks {mine[0]['group']}: "
                 "evaluation uses the running statistics and must not synchronize (validation on one rank would "
                 "hang)")))

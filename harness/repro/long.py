@@ -43,6 +43,7 @@ from harness.errors import UsageError
 # (module, None: all of it | names: just these and what they use), in the order the file defines them.
 PARTS = (
     ("harness.judge.metric", None),
+    ("harness.judge.metric_key", None),
     ("harness.results.records", ("RankStatus",)),
     ("harness.slices", None),
     ("harness.catalog.case", None),

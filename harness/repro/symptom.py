@@ -23,19 +23,17 @@ input modified in place, a converted model's structure) has no symptom here:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Optional
 
 from harness.judge.metric import Problem
+from harness.judge.metric_key import MetricKey
 from harness.results.records import RankStatus, Record, Status
 
 QUANTITIES = ("output", "grad_input", "grad_weight", "grad_bias", "running_mean", "running_var",
               "num_batches_tracked")
 ASPECTS = ("value", "non-finite", "dtype", "layout", "shape", "across-ranks")
 # The record's words for a structural problem -> the aspect (the first match wins).
-_STEP = re.compile(r"^(?:rank(\d+)\.)?step(\d+)\.(\w+)\.(\w+)(\.across_ranks)?$")
-_SUM = re.compile(r"^step(\d+)\.(grad_weight|grad_bias)_sum$")
 
 
 class NoSymptom(ValueError):
@@ -89,7 +87,7 @@ def symptom_of(record: Record) -> Symptom:
     if record.status != Status.MISMATCH:
         raise NoSymptom(f"a {record.status.value} record shows no failure to reproduce")
     failing = [name for name, m in record.metrics.items() if not m.ok]
-    for name in sorted(failing, key=lambda n: (_step(n), failing.index(n))):
+    for name in sorted(failing, key=lambda n: (MetricKey.parse(n).order, failing.index(n))):
         sym = _tensor_symptom(name, record.metrics[name].kind, first)
         if sym is not None:
             return sym
@@ -97,17 +95,11 @@ def symptom_of(record: Record) -> Symptom:
                     f"{', '.join(sorted(failing)) or first!s} (use --long for the generated form)")
 
 
-def _step(name: str) -> int:
-    m = re.search(r"step(\d+)\.", name)
-    return int(m.group(1)) if m else 10**6
-
-
 def _tensor_symptom(name: str, kind: Optional[Problem], message: str) -> Optional[Symptom]:
-    m = _SUM.match(name)
-    if m:
-        return Symptom("mismatch", m.group(2), aspect_of(kind), int(m.group(1)), message=message)
-    m = _STEP.match(name)
-    if not m or m.group(4) not in QUANTITIES:
+    key = MetricKey.parse(name)
+    if key.summed and key.quantity in ("grad_weight", "grad_bias") and not key.across_ranks:
+        return Symptom("mismatch", key.quantity, aspect_of(kind), key.step, message=message)
+    if key.step is None or key.phase is None or key.tensor not in QUANTITIES:
         return None
-    aspect = "across-ranks" if m.group(5) else aspect_of(kind)
-    return Symptom("mismatch", m.group(4), aspect, int(m.group(2)), message=message)
+    aspect = "across-ranks" if key.across_ranks else aspect_of(kind)
+    return Symptom("mismatch", key.tensor, aspect, key.step, message=message)

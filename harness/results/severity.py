@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from harness.judge.metric import Problem
+from harness.judge.metric_key import MetricKey
 from harness.results.records import Record, Status
 
 KINDS = ("silent non-finite", "silent wrong value", "hang", "crash", "error", "wrong dtype or layout", "precision")
@@ -86,10 +87,7 @@ class Assessment:
 
 def _quantity(name: str) -> str:
     """``rank1.step0.train.running_var`` -> ``running_var``; ``step0.grad_weight_sum`` -> ``grad_weight``."""
-    last = name.split(".")[-1]
-    if last == "across_ranks":
-        last = name.split(".")[-2]
-    return last[:-4] if last.endswith("_sum") else last
+    return MetricKey.parse(name).leaf
 
 
 def assess(record: Record) -> Optional[Assessment]:

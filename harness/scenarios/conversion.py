@@ -27,6 +27,7 @@ every buffer must be bitwise the same on every rank.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Optional
 
 import torch
@@ -35,6 +36,7 @@ from torch import nn
 from harness.catalog.case import DTYPES, STEP_KINDS, Case, materialize
 from harness.judge.compare import compare_tensor
 from harness.judge.metric import Metric
+from harness.judge.metric_key import step_key
 from harness.scenarios import user_models
 from harness.judge.compare import network_tolerance
 from harness.scenarios.model import judge_across, judge_buffers
@@ -186,13 +188,13 @@ def run_step(case: Case, impl, device: str, rank: int, model: nn.Module, oracle:
     ys, gx, shares = _global_truth(oracle, xs, gs, train)
     reduction = sum(int(x.numel() // x.shape[1]) for x in xs)
     depth = 2 * len(user_models.batch_norms(oracle)) + 1
-    tag = f"step{step}.{kind}"
+    key = partial(step_key, step, kind)
 
     def judge(name, got, true, dtype=None, scale=None):
         # ``scale``: what the tolerance is relative to when ``true`` is a sum that cancels (an average of shares).
         tol = network_tolerance(true if scale is None else scale, case, reduction, depth, step)
         got = None if got is None else got.detach().cpu()
-        metrics.append((f"{tag}.{name}", compare_tensor(got, true, tol, dtype=dtype)))
+        metrics.append((key(name), compare_tensor(got, true, tol, dtype=dtype)))
 
     model.train(train)
     x = xs[me].to(device).detach().clone().requires_grad_(True)
@@ -211,17 +213,17 @@ def run_step(case: Case, impl, device: str, rank: int, model: nn.Module, oracle:
         if name in own:
             judge(f"grad.{name}", p.grad, own[name], pdtype, scale.get(name))
         elif p.grad is not None and bool(p.grad.ne(0).any()):
-            metrics.append((f"{tag}.grad.{name}", Metric.failure(f"{name} got a gradient, and it should get "
+            metrics.append((key(f"grad.{name}"), Metric.failure(f"{name} got a gradient, and it should get "
                                                                   "none (requires_grad=False before conversion)")))
     model.zero_grad(set_to_none=True)
     oracle.zero_grad(set_to_none=True)
     truth = dict(oracle.named_buffers(remove_duplicate=False))
     inner = model.module if averaged else model
     got_buffers = dict(inner.named_buffers(remove_duplicate=False))
-    bitwise = judge_buffers(got_buffers.items(), truth, judge, metrics, tag, pdtype)
+    bitwise = judge_buffers(got_buffers.items(), truth, judge, metrics, key, pdtype)
     missing = sorted(set(truth) - set(got_buffers))
     if missing:
-        metrics.append((f"{tag}.buffers", Metric.failure(f"buffers missing after conversion: {missing}")))
+        metrics.append((key("buffers"), Metric.failure(f"buffers missing after conversion: {missing}")))
     return bitwise
 
 

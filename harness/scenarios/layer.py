@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import OrderedDict
+from functools import partial
 from typing import Optional
 
 import torch
@@ -35,6 +36,7 @@ from harness.catalog.case import DTYPES, STEP_KINDS, Case, evaluates
 from harness.judge.compare import judge_rank, judge_sums, sum_tolerance_of
 from harness.judge.invariants import bits, compare_across
 from harness.judge.metric import Metric
+from harness.judge.metric_key import step_key
 from harness.judge.oracle import ONE_VALUE
 from harness.scenarios import prepared
 
@@ -75,12 +77,12 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         result.compare = compare_implementations(ctx, case, compare_with, device, data, group, observed)
     metrics += [(f"convert.{i}", Metric.failure(p)) for i, p in enumerate(convert_problems)]
     if refusal is not None:
-        metrics.append((f"step{refuse_at}.train.refused", _refusal_metric(refusal, ONE_VALUE)))
+        metrics.append((step_key(refuse_at, "train", "refused"), _refusal_metric(refusal, ONE_VALUE)))
     for s, obs in enumerate(observed):
         if obs is None:
             continue
-        tag = f"step{s}.{STEP_KINDS[case.steps[s]]}"
-        metrics += [(f"{tag}.input", Metric.failure(p)) for p in obs["input_problems"]]
+        key = partial(step_key, s, STEP_KINDS[case.steps[s]])
+        metrics += [(key("input"), Metric.failure(p)) for p in obs["input_problems"]]
     result.metrics = dict(metrics)
 
 
@@ -104,9 +106,9 @@ def judge_across(case: Case, results: list) -> list[tuple[str, Metric]]:
         for name in BUFFERS:
             per_rank = {r: b[s][name] for r, b in buffers.items() if s in b}
             kind = STEP_KINDS[case.steps[int(s)]]
-            bad = compare_across(f"step{s}.{kind}.{name}", per_rank, groups)
+            bad = compare_across(step_key(s, kind, name), per_rank, groups)
             if bad is not None:
-                out.append((f"step{s}.{kind}.{name}.across_ranks", bad))
+                out.append((step_key(s, kind, name, across_ranks=True), bad))
     if not case.affine or len(results) != case.world_size:
         return out
     sum_truth = next((r.across.get("sum_truth") for r in results if r.across.get("sum_truth")), None)
@@ -260,7 +262,7 @@ def compare_implementations(ctx, case: Case, other_name: str, device: str, data,
             if ta is None or tb is None or ta.shape != tb.shape:
                 continue
             diff = (ta.double() - tb.double()).abs()
-            out["max_abs_diff"][f"step{s}.{case.steps[s]}.{name}"] = float(diff.max()) if diff.numel() else 0.0
+            out["max_abs_diff"][step_key(s, case.steps[s], name)] = float(diff.max()) if diff.numel() else 0.0
     return out
 
 

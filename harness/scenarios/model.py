@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+from functools import partial
 from typing import Optional
 
 import torch
@@ -42,6 +43,7 @@ from harness.catalog.case import DTYPES, STEP_KINDS, Case, evaluates, materializ
 from harness.judge.compare import compare_tensor, network_tolerance
 from harness.judge.invariants import bits, compare_across
 from harness.judge.metric import Metric
+from harness.judge.metric_key import step_key
 from harness.scenarios import networks, uses
 
 LR = 0.05
@@ -211,11 +213,11 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
             with uses.forward_context(case, device):
                 y = call(net if alone else model, x)
             mine = uses.backward(case, y, x, gs[rank].to(device=device, dtype=y.dtype)) if train else None
-        tag = f"step{s}.{STEP_KINDS[kind]}"
+        key = partial(step_key, s, STEP_KINDS[kind])
 
-        def judge(name, got, true, dtype=None, tag=tag, reduction=reduction, s=s):
+        def judge(name, got, true, dtype=None, key=key, reduction=reduction, s=s):
             tol = network_tolerance(true, tol_case, reduction, depth, s, normwise=bool(rounding)) * slack
-            metrics.append((f"{tag}.{name}", compare_tensor(_cpu(got), true, tol, dtype=dtype)))
+            metrics.append((key(name), compare_tensor(_cpu(got), true, tol, dtype=dtype)))
 
         judge("output", y, ys[rank].detach(), out_dtype)
         if train and x.requires_grad:
@@ -248,7 +250,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
                         if torch.is_tensor(value) and value.is_floating_point() and value.dim():
                             judge(f"opt.{name}.{key}", value, oracle.opt.state[p64][key].detach())
                             bitwise[f"opt.{name}.{key}"] = bits(value)
-        bitwise.update(judge_buffers(net.named_buffers(), oracle.buffers, judge, metrics, tag, pdtype))
+        bitwise.update(judge_buffers(net.named_buffers(), oracle.buffers, judge, metrics, key, pdtype))
         across[str(s)] = bitwise
     with contextlib.ExitStack() as joined:
         if case.use == "join":
@@ -262,7 +264,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     result.metrics = dict(metrics)
 
 
-def judge_buffers(buffers, truth: dict, judge, metrics: list, tag: str, dtype) -> dict:
+def judge_buffers(buffers, truth: dict, judge, metrics: list, key, dtype) -> dict:
     """Each of ``buffers`` (name, tensor) against the oracle's of that name, ``num_batches_tracked`` exactly;
     ``judge(name, got, true, dtype)`` compares the others (in ``dtype``). Returns the judged buffers' bits, by name."""
     bitwise = {}
@@ -272,7 +274,7 @@ def judge_buffers(buffers, truth: dict, judge, metrics: list, tag: str, dtype) -
             continue
         if name.endswith("num_batches_tracked"):
             if int(buf) != int(true):
-                metrics.append((f"{tag}.{name}", Metric.failure(f"{name} {int(buf)}, expected {int(true)}")))
+                metrics.append((key(name), Metric.failure(f"{name} {int(buf)}, expected {int(true)}")))
         else:
             judge(name, buf, true, dtype)
         bitwise[name] = bits(buf)
@@ -289,9 +291,9 @@ def judge_across(case: Case, results: list) -> list[tuple[str, Metric]]:
         names = sorted({n for b in per.values() for n in b.get(s, {})})
         kind = STEP_KINDS[case.steps[int(s)]]
         for name in names:
-            bad = compare_across(f"step{s}.{kind}.{name}", {r: b.get(s, {}).get(name) for r, b in per.items()},
+            bad = compare_across(step_key(s, kind, name), {r: b.get(s, {}).get(name) for r, b in per.items()},
                                  groups)
             if bad is not None:
-                out.append((f"step{s}.{kind}.{name}.across_ranks", bad))
+                out.append((step_key(s, kind, name, across_ranks=True), bad))
     return out
 

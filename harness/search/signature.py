@@ -18,22 +18,15 @@ consequences.
 
 from __future__ import annotations
 
-import re
 from typing import Optional
 
+from harness.judge.metric_key import MetricKey
 from harness.results.records import RankStatus, Record, Status
-
-_STEP = re.compile(r"^(rank\d+\.)?step\d+\.")
-_RANK = re.compile(r"^rank\d+\.")
 
 
 def tensor_kind(metric_name: str) -> str:
     """``rank1.step2.train.running_var`` -> ``train.running_var``; ``convert.3`` -> ``convert``."""
-    name = _STEP.sub("", metric_name)
-    name = _RANK.sub("", name)
-    if name.startswith("convert."):
-        return "convert"
-    return name
+    return MetricKey.parse(metric_name).kind
 
 
 def evidence(record: Record) -> str:
@@ -62,12 +55,7 @@ def evidence(record: Record) -> str:
 
 def _first(names: list[str]) -> str:
     """The earliest failing metric: by step, then as the scenario listed them (rank-level before across-rank)."""
-
-    def step_of(name: str) -> int:
-        m = re.search(r"step(\d+)\.", name)
-        return int(m.group(1)) if m else 10**6
-
-    return min(names, key=lambda n: (step_of(n), names.index(n)))
+    return min(names, key=lambda n: (MetricKey.parse(n).order, names.index(n)))
 
 
 def signature(record: Record) -> Optional[str]:
