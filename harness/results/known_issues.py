@@ -3,8 +3,10 @@
 Protocol: :func:`annotate` sets ``record.known_issue`` (a
 :class:`~harness.results.records.KnownIssueMatch`) when an entry matches the
 record's implementation, case ID (shell-style patterns), torch version (a
-PEP 440 specifier) and, where the entry names one, device (a defect that shows
-only on ``cuda``, say, because it needs a copy that only a move to the GPU makes):
+PEP 440 specifier) and, where the entry names them, device (a defect that shows
+only on ``cuda``, say, because it needs a copy that only a move to the GPU makes)
+and mode (the start of the record's mode: apex's ``python-fallback`` and not its
+``optimized`` extension, say):
 - the record has the entry's expected status: ``matched``; the failure is
   expected and does not fail ``run``/``check``/``gate``;
 - the record passes: ``now_passes``; reported so the entry can be retired;
@@ -45,12 +47,15 @@ class KnownIssue:
     link: str
     note: str = ""
     device: Optional[str] = None  # "cpu" or "cuda": the entry covers that device's records only; None: any
+    mode: Optional[str] = None  # the records whose mode starts with this only; None: any
 
-    def covers(self, impl: str, case: str, version: Version, device: Optional[str] = None) -> bool:
+    def covers(self, impl: str, case: str, version: Version, device: Optional[str] = None,
+               mode: Optional[str] = None) -> bool:
         return (any(fnmatch.fnmatchcase(impl, p) for p in self.impl) and any(fnmatch.fnmatchcase(case, p)
                                                                             for p in self.cases)
                 and self.torch.contains(version, prereleases=True)
-                and (self.device is None or device == self.device))
+                and (self.device is None or device == self.device)
+                and (self.mode is None or (mode or "").startswith(self.mode)))
 
 
 def default_path() -> Path:
@@ -99,26 +104,31 @@ def load(path: Optional[str] = None) -> tuple[KnownIssue, ...]:
         if device not in (None, "cpu", "cuda"):
             raise UsageError(f"{p}: issue #{i + 1} device = {device!r}: give \"cpu\" or \"cuda\", or leave it "
                              "out for a defect seen on both")
+        mode = e.get("mode")
+        if mode is not None and (not isinstance(mode, str) or not mode):
+            raise UsageError(f"{p}: issue #{i + 1} mode = {mode!r}: give the start of a record's mode as a "
+                             "string (e.g. \"python-fallback\"), or leave it out")
         patterns = e["cases"] if isinstance(e["cases"], list) else [e["cases"]]
         impls = e["impl"] if isinstance(e["impl"], list) else [e["impl"]]
         entries.append(KnownIssue(impl=tuple(impls), cases=tuple(patterns), torch=spec, status=tuple(statuses),
-                                  link=e["link"], note=" ".join(str(e.get("note", "")).split()), device=device))
+                                  link=e["link"], note=" ".join(str(e.get("note", "")).split()), device=device,
+                                  mode=mode))
     return tuple(entries)
 
 
 def match(impl: str, case: str, torch_version: str, path: Optional[str] = None,
-          device: Optional[str] = None) -> Optional[KnownIssue]:
-    """The first entry for (impl, case, torch version, device), or None."""
+          device: Optional[str] = None, mode: Optional[str] = None) -> Optional[KnownIssue]:
+    """The first entry for (impl, case, torch version, device, mode), or None."""
     try:
         version = Version(torch_version)
     except InvalidVersion:
         return None
-    return next((e for e in load(path) if e.covers(impl, case, version, device)), None)
+    return next((e for e in load(path) if e.covers(impl, case, version, device, mode)), None)
 
 
 def annotate(record: Record, path: Optional[str] = None) -> Record:
     """Set ``record.known_issue`` from the known-issues file (see the module docstring)."""
-    e = match(record.impl, record.case, record.torch_version, path, record.device)
+    e = match(record.impl, record.case, record.torch_version, path, record.device, record.mode)
     if e is not None:
         record.known_issue = KnownIssueMatch(link=e.link, expected=e.status, note=e.note,
                                              matched=record.status.value in e.status,

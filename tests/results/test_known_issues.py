@@ -59,6 +59,17 @@ def test_an_entry_for_one_device_covers_only_that_devices_records(tmp_path):
     assert on_cuda.known and on_cpu.known_issue is None and on_cpu.label == "pass"
 
 
+def test_an_entry_for_one_mode_covers_only_records_of_that_mode(tmp_path):
+    f = tmp_path / "k.toml"
+    f.write_text(ENTRY.replace('status = "crash"', 'status = "crash"\nmode = "python-fallback"'))
+    fallback = _record("torch", "mixed-precision/empty-rank/x/ws2", "crash")
+    fallback.mode = "python-fallback (nvtx no-op)"
+    optimized = _record("torch", "mixed-precision/empty-rank/x/ws2", "pass")
+    optimized.mode = "optimized"
+    assert known_issues.annotate(fallback, str(f)).known
+    assert known_issues.annotate(optimized, str(f)).known_issue is None
+
+
 def test_a_record_round_trips_with_its_match(entries):
     r = known_issues.annotate(_record("torch", "mixed-precision/empty-rank/x/ws2", "crash"), entries)
     again = Record.from_dict(r.to_dict())
