@@ -246,10 +246,10 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
             if opt is not None:
                 for name, p in net.named_parameters():
                     p64 = oracle.params[name]
-                    for key, value in opt.state[p].items():
+                    for slot, value in opt.state[p].items():
                         if torch.is_tensor(value) and value.is_floating_point() and value.dim():
-                            judge(f"opt.{name}.{key}", value, oracle.opt.state[p64][key].detach())
-                            bitwise[f"opt.{name}.{key}"] = bits(value)
+                            judge(f"opt.{name}.{slot}", value, oracle.opt.state[p64][slot].detach())
+                            bitwise[f"opt.{name}.{slot}"] = bits(value)
         bitwise.update(judge_buffers(net.named_buffers(), oracle.buffers, judge, metrics, key, pdtype))
         across[str(s)] = bitwise
     with contextlib.ExitStack() as joined:
