@@ -57,6 +57,7 @@ _step: Optional[int] = None
 _forbidden: Optional[str] = None
 _installed = False
 _sink: Optional[int] = None  # file descriptor of the sink file
+_sink_written = False  # whether the current task wrote to it
 _wrappers: dict[str, tuple] = {}  # name -> (torch's function, its wrapper)
 
 
@@ -114,6 +115,7 @@ def suspended():
 def _wrap(name: str, arg: Optional[int], original):
     @functools.wraps(original)
     def call(*args, **kwargs):
+        global _sink_written
         entry = describe_call(name, arg, args, kwargs)
         if _forbidden is not None:
             raise CollectiveForbidden(f"{name} issued during {_forbidden} ({_short(entry)}): no rank may talk to "
@@ -121,6 +123,7 @@ def _wrap(name: str, arg: Optional[int], original):
         _calls.append(entry)
         if _sink is not None:
             os.write(_sink, (json.dumps(entry) + "\n").encode())
+            _sink_written = True
         return original(*args, **kwargs)
 
     call.__syncbn_wrapped__ = True
@@ -169,10 +172,11 @@ def _short(entry: dict) -> str:
 
 def begin_task() -> None:
     """Forget earlier calls (and empty the sink): a new task starts."""
-    global _step, _forbidden
+    global _step, _forbidden, _sink_written
     _calls.clear()
-    if _sink is not None:
+    if _sink is not None and _sink_written:  # a task without collectives leaves the file empty: no system call
         os.ftruncate(_sink, 0)
+        _sink_written = False
     _step, _forbidden = None, None
 
 

@@ -79,9 +79,14 @@ def _compare(got: torch.Tensor, true: torch.Tensor, tol: torch.Tensor, dtype: Op
     """One slice. The common case (a finite truth inside the dtype's range, finite results, positive
     tolerances) takes as few passes as it can: finiteness is read off the maxima the metric needs anyway, and
     masks are built only where a maximum says some element needs one."""
-    g = got.to(torch.float64).cpu()
-    t = true.to(torch.float64)
+    # Work on the dimensions in memory order: the same elements, every tensor contiguous (a whole-tensor max
+    # over a channels_last tensor reads it with strides, 10-20x slower than over the same memory in order).
+    order = memory_order(true)
+    t = true.to(torch.float64).permute(order)
+    g = got.to(torch.float64).cpu().permute(order)
     tol = tol.to(torch.float64)
+    if tol.dim() == t.dim():
+        tol = tol.permute(order)
     t_abs = t.abs()
     t_max = float(t_abs.max())  # NaN when any true value is NaN
     finite: Optional[torch.Tensor] = None  # None: every true value counts (all finite, none beyond range)
@@ -97,6 +102,8 @@ def _compare(got: torch.Tensor, true: torch.Tensor, tol: torch.Tensor, dtype: Op
             overflow = beyond & ((g.abs() == math.inf) | (g.abs() == big)) & (g.sign() == t.sign())
             finite = finite & ~overflow
     err = torch.sub(g, t).abs_()
+    if not err.is_contiguous():  # ``got`` laid out otherwise than the truth
+        err = err.contiguous()
     if finite is not None:
         err.masked_fill_(~finite, 0.0)
     err_max = float(err.max())
@@ -112,7 +119,24 @@ def _compare(got: torch.Tensor, true: torch.Tensor, tol: torch.Tensor, dtype: Op
     else:
         ratio = torch.div(err, tol.clamp_min(TINY), out=rel)
         ratio.masked_fill_(err == 0, 0.0)
-    flat = ratio.reshape(-1)
-    worst = int(flat.argmax())
-    tol_at = float(torch.broadcast_to(tol, t.shape).reshape(-1)[worst])
-    return _Part(err_max, rel_max, float(flat[worst]), tol_at, 0)
+    where = _unravel(int(ratio.reshape(-1).argmax()), ratio.shape)  # the first worst element in memory order
+    return _Part(err_max, rel_max, float(ratio[where]), float(torch.broadcast_to(tol, t.shape)[where]), 0)
+
+
+def memory_order(t: torch.Tensor) -> tuple[int, ...]:
+    """The permutation of ``t``'s dimensions that makes it contiguous (outermost in memory first), or the identity
+    when ``t`` is contiguous or no permutation makes it so (a strided view)."""
+    identity = tuple(range(t.dim()))
+    if t.is_contiguous():
+        return identity
+    order = tuple(sorted(identity, key=lambda d: (-t.stride(d), d)))
+    return order if t.permute(order).is_contiguous() else identity
+
+
+def _unravel(flat: int, shape: torch.Size) -> tuple[int, ...]:
+    """The index of element ``flat`` of a contiguous tensor of ``shape``."""
+    where = []
+    for size in reversed(shape):
+        flat, i = divmod(flat, size)
+        where.append(i)
+    return tuple(reversed(where))

@@ -47,7 +47,7 @@ BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[str] = None) -> None:
     """Run ``case`` with ``impl`` on this rank and fill ``result`` (metrics, what the parent judges across ranks)."""
     rank = ctx.rank
-    torch.manual_seed(case.seed)
+    seed_generators(case.seed, device)
     data, truths = prepared.prepare(case, rank)  # read-only: kept for the next implementation of this case
     group = ctx.process_group(case)
     refuse_at = len(truths) - 1 if truths and truths[-1].raises else None
@@ -84,6 +84,19 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         key = partial(step_key, s, STEP_KINDS[case.steps[s]])
         metrics += [(key("input"), Metric.failure(p)) for p in obs["input_problems"]]
     result.metrics = dict(metrics)
+
+
+def seed_generators(seed: int, device: str) -> None:
+    """Seed the generators an implementation may draw from on ``device`` (CPU's alone on CPU).
+
+    ``torch.manual_seed`` also queues the seed for every device type not yet initialized (CUDA, XPU, MTIA),
+    formatting a stack trace for each and keeping it until that device starts: a few milliseconds a task and a
+    queue that grows with every task in a CPU rank.
+    """
+    if device == "cpu":
+        torch.default_generator.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
 
 
 def _refusal_metric(refusal: dict, expected: str) -> Metric:
@@ -335,4 +348,4 @@ def _cpu(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 def _as_list(t: Optional[torch.Tensor], n: int) -> list:
     if t is None:
         return [0.0] * n
-    return [float(v) for v in t.double().reshape(-1)]
+    return t.double().reshape(-1).tolist()

@@ -16,19 +16,19 @@ peak is what one case needs anyway.
 
 from __future__ import annotations
 
-import json
 from typing import Optional
 
 from harness.catalog.case import DTYPES, Case, CaseData, materialize
 from harness.judge.oracle import StepTruth, run_oracle
 
-_kept: Optional[tuple[str, CaseData, list[StepTruth]]] = None
+_kept: Optional[tuple[tuple[Case, int], CaseData, list[StepTruth]]] = None
 hits = 0  # how many preparations were served from the kept entry (for tests and benchmarks)
 
 
-def case_key(case: Case, rank: int) -> str:
-    """Everything that determines a rank's inputs and truths."""
-    return json.dumps({"case": case.to_dict(), "rank": rank}, sort_keys=True)
+def case_key(case: Case, rank: int) -> tuple[Case, int]:
+    """Everything that determines a rank's inputs and truths: the case's parameters (a frozen dataclass, compared
+    field by field) and the rank."""
+    return case, rank
 
 
 def prepare(case: Case, rank: int) -> tuple[CaseData, list[StepTruth]]:
