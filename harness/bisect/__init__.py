@@ -1,7 +1,7 @@
 """Bisection: over releases, wheels, interpreters, nightlies by day, overlaid commits; ``git bisect run`` scripts.
 
 - :mod:`~harness.bisect.bisector`: the pure state machine, fed verdicts;
-- :mod:`~harness.bisect.builds`: build SPECs and the ordered builds between two ends;
+- :mod:`~harness.bisect.builds`: build SPECs, the ordered builds between two ends, what a build source is;
 - :mod:`~harness.bisect.envs`: a cached virtual environment per build;
 - :mod:`~harness.bisect.installer`: what installs a build into its environment (pip, or uv);
 - :mod:`~harness.bisect.verdicts`: a build's verdict (the selection run in it) and its cache;
@@ -11,6 +11,7 @@
 - :mod:`~harness.bisect.overlay`: a commit's Python laid over an installed torch (a build source);
 - :mod:`~harness.bisect.syncbn_path`: which compiled files are on SyncBN's path (untestable by overlay);
 - :mod:`~harness.bisect.commits`: the bisection of a checkout's commits as overlays;
+- :mod:`~harness.bisect.answers`: what each mode answers (one :class:`~harness.bisect.answers.Answer` each);
 - :mod:`~harness.bisect.script`: the script ``git bisect run`` calls in a checkout;
 - :mod:`~harness.bisect.children`: child processes in their own process group, always reaped.
 """

@@ -9,6 +9,11 @@ A build SPEC is one of:
 The builds between the ends come from ``--builds FILE`` (one SPEC a line),
 ``--versions``, or the package index (``pip index versions``, with pip's
 index options passed on).
+
+What makes a build runnable is its *source* (:class:`BuildSource`): the
+releases' environments (:mod:`harness.bisect.driver`) or the overlays of a
+checkout's commits (:mod:`harness.bisect.overlay`). Both hand back a
+:class:`Prepared`; the driver asks nothing else of them.
 """
 
 from __future__ import annotations
@@ -16,9 +21,9 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 from harness.bisect import children
 from harness.errors import HarnessError, UsageError
@@ -53,6 +58,36 @@ class Build:
         if self.commit is not None:  # only when set: the environment keys of the other kinds stay as they were
             d["commit"] = self.commit
         return d
+
+
+@dataclass
+class Prepared:
+    """A build ready to run: its interpreter, what to add to the environment, where to run; made now or not."""
+
+    python: Path
+    env: dict = field(default_factory=dict)
+    cwd: Optional[Path] = None
+    created: bool = False
+
+
+class BuildSource(Protocol):
+    """What makes builds of one kind runnable; the bisection driver asks it for nothing else.
+
+    ``stat`` and ``noun``: the stats key and the words for what it creates (``overlays_created``,
+    ``overlays``).
+    """
+
+    stat: str
+    noun: str
+
+    def build_id(self, build: Build) -> str:
+        """The build's identity: the verdict cache's key."""
+        ...
+
+    def prepare(self, build: Build, log: Callable[[str], None]) -> Prepared:
+        """The interpreter, extra environment and folder to run ``build`` in, made now or reused;
+        :class:`InstallFailed` when it cannot be made (a SKIP, never cached: it may be transient)."""
+        ...
 
 
 def parse_spec(text: str, package: Optional[str] = None) -> Build:

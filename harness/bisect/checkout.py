@@ -18,12 +18,15 @@ What is asked:
   ``YYYY-MM-DD nightly release (<main sha>)``);
 - the commits of a range that touch SyncBN's files (:data:`SYNCBN_FILES`), and
   a compare link.
+
+A commit named with the files that make it matter is a :class:`Suspect`.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -41,6 +44,23 @@ _PY_VERSION = re.compile(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", re.M)
 
 class CheckoutError(UsageError):
     """A checkout or a revision given on the command line is not what it should be (exit 2)."""
+
+
+@dataclass
+class Suspect:
+    """A commit, its subject, and the files of its change that make it matter (SyncBN's, compiled ones)."""
+
+    commit: str
+    subject: str
+    files: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """``commit``, ``subject``, ``files``."""
+        return {"commit": self.commit, "subject": self.subject, "files": list(self.files)}
+
+    def line(self, width: int) -> str:
+        """``  <sha>  <subject, cut to width>  [<files>]``."""
+        return f"  {self.commit}  {self.subject[:width]}  [{', '.join(self.files)}]"
 
 
 class Checkout:
@@ -153,14 +173,14 @@ class Checkout:
         """How many commits ``good..bad`` holds on the first-parent line."""
         return int(self.git("rev-list", "--count", "--first-parent", f"{good}..{bad}").strip() or 0)
 
-    def touching(self, good: str, bad: str, paths: Sequence[str] = SYNCBN_FILES) -> list[dict]:
-        """Commits of ``good..bad`` that change any of ``paths``, oldest first: sha, subject, files."""
+    def touching(self, good: str, bad: str, paths: Sequence[str] = SYNCBN_FILES) -> list[Suspect]:
+        """Commits of ``good..bad`` that change any of ``paths``, oldest first, with the files of them."""
         out = self.git("log", "--reverse", "--format=%x01%H%x00%s", "--name-only", f"{good}..{bad}", "--", *paths)
         commits = []
         for chunk in out.split("\x01")[1:]:
             head, _, names = chunk.partition("\n")
             sha, _, subject = head.partition("\0")
-            commits.append({"commit": sha, "subject": subject, "files": [n for n in names.split("\n") if n]})
+            commits.append(Suspect(sha, subject, [n for n in names.split("\n") if n]))
         return commits
 
 

@@ -3,14 +3,11 @@
 :func:`run_bisection` asks :func:`harness.bisect.bisector.run` to drive the
 bisection over builds in order; each question is answered from the verdict
 cache or by having the build *source* prepare the build and running the
-selection in it (:mod:`harness.bisect.verdicts`). A source is any object with
-
-- ``build_id(build) -> str``: the build's identity (the verdict cache key);
-- ``prepare(build, log) -> Prepared``: the interpreter, the extra environment
-  and the folder to run in, made now or reused; :class:`InstallFailed` when
-  the build cannot be made (a SKIP, not cached: it may be transient, never an
-  abort);
-- ``stat`` and ``noun``: the stats key and the words for what it creates.
+selection in it (:class:`BuildTester`, :mod:`harness.bisect.verdicts`). A
+source is a :class:`~harness.bisect.builds.BuildSource`: ``build_id`` (the
+verdict cache key), ``prepare`` (a :class:`~harness.bisect.builds.Prepared`,
+or :class:`~harness.bisect.builds.InstallFailed`: a SKIP, not cached, never an
+abort), ``stat`` and ``noun`` (what it creates).
 
 :class:`Environments` is the source of releases, wheels and interpreters (a
 cached virtual environment each, :mod:`harness.bisect.envs`), which
@@ -18,6 +15,10 @@ cached virtual environment each, :mod:`harness.bisect.envs`), which
 releases too, and commits laid over a binary are the overlay source
 (:mod:`harness.bisect.overlay`). Verdicts known before any run (a commit an
 overlay cannot test) are fed to the bisector up front and never asked about.
+
+:class:`BisectRun` is the release bisection's answer (an
+:class:`~harness.bisect.answers.Answer`); the other modes' answers render
+their own lines around it.
 """
 
 from __future__ import annotations
@@ -28,25 +29,16 @@ from typing import Callable, Optional, Sequence
 
 from harness.bisect import bisector
 from harness.bisect.bisector import Outcome, Result, Verdict
-from harness.bisect.builds import Build, IndexOptions, InstallFailed, ordered_builds
+from harness.bisect.builds import Build, BuildSource, IndexOptions, InstallFailed, Prepared, ordered_builds
 from harness.bisect.envs import EnvOptions, ensure_env, env_key
 from harness.bisect.verdicts import EVAL_TIMEOUT_S, Evaluation, VerdictCache, evaluate, interpreter_fingerprint
 from harness.paths import cache_folder
 from harness.selection import Selection
 
 
-@dataclass
-class Prepared:
-    """A build ready to run: its interpreter, what to add to the environment, where to run; made now or not."""
-
-    python: Path
-    env: dict = field(default_factory=dict)
-    cwd: Optional[Path] = None
-    created: bool = False
-
-
 class Environments:
-    """Releases, wheels and interpreters: a cached virtual environment per build (an interpreter as it is)."""
+    """Releases, wheels and interpreters: a cached virtual environment per build (an interpreter as it is);
+    a :class:`~harness.bisect.builds.BuildSource`."""
 
     stat, noun = "envs_created", "environments"
 
@@ -54,18 +46,21 @@ class Environments:
         self.opts = opts
 
     def build_id(self, build: Build) -> str:
+        """An interpreter's fingerprint, or the environment's key."""
         if build.kind == "python":
             return f"python:{interpreter_fingerprint(Path(build.path))}"
         return f"{build.kind}:{env_key(build, self.opts)}"
 
     def prepare(self, build: Build, log: Callable[[str], None]) -> Prepared:
+        """The build's environment, made now or reused."""
         python, created = ensure_env(build, self.opts, log)
         return Prepared(python, created=created)
 
 
 @dataclass
 class BisectRun:
-    """A finished bisection: the builds, what each tested build said, and the result."""
+    """A finished bisection: the builds, what each tested build said, and the result; the release
+    bisection's answer, and the body the other modes' answers render around."""
 
     builds: list[Build]
     result: Result
@@ -78,22 +73,26 @@ class BisectRun:
     def outcome(self) -> Outcome:
         return self.result.outcome
 
+    def last_lines(self) -> list[str]:
+        """None: a release bisection's answer is in its body (``first bad: <build>``)."""
+        return []
+
     def differing_records(self) -> list[dict]:
         """(case, impl) whose status differs between the last good and the first bad build."""
         if self.result.last_good is None or self.result.first_bad is None:
             return []
-        good = {(r["case"], r["impl"]): r for r in self.evaluations[self.result.last_good].records}
-        bad = {(r["case"], r["impl"]): r for r in self.evaluations[self.result.first_bad].records}
+        good = {(r.case, r.impl): r for r in self.evaluations[self.result.last_good].records}
+        bad = {(r.case, r.impl): r for r in self.evaluations[self.result.first_bad].records}
         out = []
         for key in sorted(set(good) | set(bad)):
             g, b = good.get(key), bad.get(key)
-            gs, bs = (g or {}).get("status"), (b or {}).get("status")
+            gs, bs = (g.status.value if g else None), (b.status.value if b else None)
             if gs != bs:
                 out.append({"case": key[0], "impl": key[1],
-                            "good": {"status": gs, "message": (g or {}).get("message", "")},
-                            "bad": {"status": bs, "message": (b or {}).get("message", ""),
-                                    "metrics": {k: m for k, m in (b or {}).get("metrics", {}).items()
-                                                if isinstance(m, dict) and not m.get("ok", True)}}})
+                            "good": {"status": gs, "message": g.message if g else ""},
+                            "bad": {"status": bs, "message": b.message if b else "",
+                                    "metrics": {k: m.to_dict() for k, m in (b.metrics if b else {}).items()
+                                                if not m.ok}}})
         return out
 
     def summary(self, extra: Sequence[str] = (), tail: Sequence[str] = ()) -> str:
@@ -133,11 +132,10 @@ class BisectRun:
 
     def counts(self) -> str:
         """``(5 builds tested, 0 verdicts from cache, 5 overlays created)``."""
-        key, noun = self.created
-        return (f"({self.stats['evaluated']} builds tested, {self.stats['cached']} verdicts from cache, "
-                f"{self.stats[key]} {noun} created)")
+        return counts(self.stats, *self.created)
 
     def to_dict(self) -> dict:
+        """The JSON answer: every build and its verdict, the result, the records that differ, the counts."""
         return {"builds": [{**b.to_dict(), **({"verdict": self.evaluations[i].verdict.value,
                                                "reason": self.evaluations[i].reason,
                                                "cached": self.evaluations[i].cached,
@@ -148,6 +146,11 @@ class BisectRun:
                 "first_bad": self.builds[self.result.first_bad].label if self.result.first_bad is not None else None,
                 "last_good": self.builds[self.result.last_good].label if self.result.last_good is not None else None,
                 "differing": self.differing_records(), "stats": self.stats}
+
+
+def counts(stats: dict, key: str, noun: str) -> str:
+    """``(5 builds tested, 0 verdicts from cache, 5 overlays created)`` of a :class:`BuildTester`'s stats."""
+    return f"({stats['evaluated']} builds tested, {stats['cached']} verdicts from cache, {stats[key]} {noun} created)"
 
 
 def bisect_builds(*, good: str, bad: str, selection: Optional[Selection] = None, package: Optional[str] = None,
@@ -180,12 +183,13 @@ def bisect_releases(builds: list[Build], *, selection: Selection, package: Optio
                          store=store, log=log)
 
 
-class Judge:
+class BuildTester:
     """Verdicts of builds from one source: from the verdict cache, or by preparing the build and running
     the selection in it; counts what it did in :attr:`stats`."""
 
-    def __init__(self, selection: Selection, source, *, rerun: bool = False, eval_timeout: float = EVAL_TIMEOUT_S,
-                 store: Optional[Path] = None, log: Callable[[str], None] = lambda s: None):
+    def __init__(self, selection: Selection, source: BuildSource, *, rerun: bool = False,
+                 eval_timeout: float = EVAL_TIMEOUT_S, store: Optional[Path] = None,
+                 log: Callable[[str], None] = lambda s: None):
         self.selection, self.source, self.rerun, self.eval_timeout = selection, source, rerun, eval_timeout
         self.store, self.log = store, log
         self.cache = VerdictCache()
@@ -216,26 +220,26 @@ class Judge:
         return ev
 
 
-def run_bisection(builds: list[Build], selection: Selection, source, *, known: Optional[dict] = None,
+def run_bisection(builds: list[Build], selection: Selection, source: BuildSource, *, known: Optional[dict] = None,
                   rerun: bool = False, eval_timeout: float = EVAL_TIMEOUT_S, store: Optional[Path] = None,
-                  log: Callable[[str], None] = lambda s: None, judge: Optional[Judge] = None) -> BisectRun:
+                  log: Callable[[str], None] = lambda s: None, tester: Optional[BuildTester] = None) -> BisectRun:
     """Bisect ``builds`` (good end first) with the selection, each prepared by ``source``.
 
     ``known``: index -> :class:`Evaluation` settled before any run (fed to the bisector up front).
     ``store``: where every run's records go (default: one store per build under the cache).
-    ``judge``: a :class:`Judge` that already answered questions (its counts carry on), else a new one.
+    ``tester``: a :class:`BuildTester` that already answered questions (its counts carry on), else a new one.
     """
     if selection.case_patterns:
         selection.cases  # noqa: B018 - an unknown pattern is a usage error here, before any build is prepared
-    judge = judge or Judge(selection, source, rerun=rerun, eval_timeout=eval_timeout, store=store, log=log)
+    tester = tester or BuildTester(selection, source, rerun=rerun, eval_timeout=eval_timeout, store=store, log=log)
     evaluations: dict[int, Evaluation] = dict(known or {})
 
     def ask(i: int) -> Verdict:
-        evaluations[i] = judge(builds[i], f"[{i + 1}/{len(builds)}] {builds[i].label}")
+        evaluations[i] = tester(builds[i], f"[{i + 1}/{len(builds)}] {builds[i].label}")
         return evaluations[i].verdict
 
     machine = bisector.Bisector(len(builds))
     for i, ev in sorted(evaluations.items()):
         machine.feed(i, ev.verdict)
     result = bisector.run(machine, ask)
-    return BisectRun(builds, result, evaluations, judge.stats, created=(source.stat, source.noun))
+    return BisectRun(builds, result, evaluations, tester.stats, created=(source.stat, source.noun))

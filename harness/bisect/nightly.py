@@ -36,7 +36,8 @@ with such versions: ``--package``).
    overlays are bisected by relevance (``--strict``, or when the question
    cannot be asked). Its answer is the result's last lines.
 
-The last two lines: ``first bad commit: <sha>`` and ``last good commit: <sha>``,
+The answer (:class:`NightlyBisection`, made once everything above is known)
+ends with two lines: ``first bad commit: <sha>`` and ``last good commit: <sha>``,
 the two nightlies' ``git_version`` (``unknown (why)`` when there is none), or
 the in-day bisection's last two lines when it ran.
 """
@@ -50,13 +51,14 @@ import re
 import subprocess
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 from harness.bisect import children
+from harness.bisect.answers import Answer
 from harness.bisect.bisector import Outcome
 from harness.bisect.builds import Build, IndexOptions, available_versions
-from harness.bisect.checkout import SYNCBN_FILES, Checkout, compare_link
-from harness.bisect.commits import CommitBisection, bisect_commits
+from harness.bisect.checkout import SYNCBN_FILES, Checkout, Suspect, compare_link
+from harness.bisect.commits import bisect_commits
 from harness.bisect.driver import BisectRun, bisect_releases
 from harness.bisect.verdicts import EVAL_TIMEOUT_S, Evaluation
 from harness.errors import UsageError
@@ -188,45 +190,84 @@ def nightly_range(good: str, bad: str, versions: Sequence[str], package: Optiona
     return NightlyRange(package, builds, ordered, missing, notes)
 
 
-def git_version(package: str, ev: Optional[Evaluation]) -> tuple[Optional[str], str]:
+class BuiltFrom(NamedTuple):
+    """What a nightly was built from: its ``git_version`` and where that was read, or None and why not."""
+
+    sha: Optional[str]
+    where: str
+
+    def text(self) -> str:
+        """The sha, or ``unknown (why)``."""
+        return self.sha or f"unknown ({self.where})"
+
+
+def git_version(package: str, ev: Optional[Evaluation]) -> BuiltFrom:
     """``(sha, where from)`` of what a tested nightly was built from, or ``(None, why not)``."""
     if ev is None:
-        return None, "not tested"
+        return BuiltFrom(None, "not tested")
     if package == "torch":
         for r in ev.records:
-            gv = str(r.get("torch_git_version") or "")
+            gv = str(r.torch_git_version or "")
             if _SHA.match(gv):
-                return gv, "torch.version.git_version"
+                return BuiltFrom(gv, "torch.version.git_version")
     if not ev.python or not Path(ev.python).exists():
-        return None, "its environment is gone: bisect again with --rerun"
+        return BuiltFrom(None, "its environment is gone: bisect again with --rerun")
     module = re.sub(r"[-.]", "_", package).lower()
     try:
         proc = children.run([ev.python, "-c", _GIT_VERSION_PROBE, module], timeout=PROBE_TIMEOUT_S,
                             cwd=os.path.expanduser("~"))
         d = json.loads(proc.stdout.strip().splitlines()[-1])
     except (subprocess.TimeoutExpired, ValueError, IndexError):
-        return None, f"asking {module}.version.git_version failed"
+        return BuiltFrom(None, f"asking {module}.version.git_version failed")
     if "why" in d:
-        return None, d["why"]
+        return BuiltFrom(None, d["why"])
     gv = d.get("git_version")
     if not isinstance(gv, str) or not _SHA.match(gv):
-        return None, f"{module}.version.git_version is {gv!r}, not a commit"
-    return gv, f"{module}.version.git_version"
+        return BuiltFrom(None, f"{module}.version.git_version is {gv!r}, not a commit")
+    return BuiltFrom(gv, f"{module}.version.git_version")
 
 
-def main_range(repo: Checkout, good_gv: str, bad_gv: str) -> dict:
-    """The main commits between two nightlies' ``git_version`` in ``repo``, or ``{"why": ...}``."""
+@dataclass
+class MainRange:
+    """The main commits between two nightlies: the ends, how many, those touching SyncBN's files, a compare
+    link; or only ``why`` they are unknown."""
+
+    good_main: str = ""
+    bad_main: str = ""
+    commits: int = 0
+    touching: list[Suspect] = field(default_factory=list)
+    compare: str = ""
+    why: Optional[str] = None
+
+    def lines(self, repo: Checkout) -> list[str]:
+        """``main commits between them: ...``, the commits touching SyncBN's files, the compare link."""
+        if self.why:
+            return [f"main commits between them: unknown ({self.why})"]
+        return [f"main commits between them: {self.commits} ({self.good_main[:12]}..{self.bad_main[:12]} "
+                f"in {repo.path})", f"touching SyncBN's files ({len(self.touching)}):",
+                *[c.line(70) for c in self.touching], f"compare: {self.compare}"]
+
+    def to_dict(self) -> dict:
+        """``{"why": ...}``, or the ends, the count, the commits touching SyncBN's files, the link."""
+        if self.why:
+            return {"why": self.why}
+        return {"good_main": self.good_main, "bad_main": self.bad_main, "commits": self.commits,
+                "touching": [c.to_dict() for c in self.touching], "compare": self.compare}
+
+
+def main_range(repo: Checkout, good_gv: str, bad_gv: str) -> MainRange:
+    """The main commits between two nightlies' ``git_version`` in ``repo``, or why they are unknown."""
     mains = []
     for gv in (good_gv, bad_gv):
         sha = repo.resolve(gv)
         if sha is None:
-            return {"why": f"{repo.path} does not hold {gv}: git -C {repo.path} fetch origin nightly"}
+            return MainRange(why=f"{repo.path} does not hold {gv}: git -C {repo.path} fetch origin nightly")
         named = repo.nightly_main(sha)
         mains.append(named[1] if named else sha)  # not a nightly-release commit: a main commit itself
     good_main, bad_main = mains
     old, new = (good_main, bad_main) if repo.is_ancestor(good_main, bad_main) else (bad_main, good_main)
-    return {"good_main": good_main, "bad_main": bad_main, "commits": repo.count(old, new),
-            "touching": repo.touching(old, new, SYNCBN_FILES), "compare": compare_link(old, new)}
+    return MainRange(good_main, bad_main, repo.count(old, new), repo.touching(old, new, SYNCBN_FILES),
+                     compare_link(old, new))
 
 
 @dataclass
@@ -237,27 +278,13 @@ class NightlyBisection:
     nightlies: NightlyRange
     selection: Selection
     repo: Optional[Checkout] = None
-    commits: dict = field(default_factory=dict)  # "last_good"/"first_bad" -> (sha or None, where from / why)
-    main: Optional[dict] = None
-    inside: Optional[CommitBisection] = None  # the in-day overlay bisection, when it ran
+    commits: dict[str, BuiltFrom] = field(default_factory=dict)  # "last_good"/"first_bad" -> what it was built from
+    main: Optional[MainRange] = None
+    inside: Optional[Answer] = None  # the in-day overlay bisection, when it ran
     inside_why: Optional[str] = None  # why it did not run, when it could have
 
-    @classmethod
-    def of(cls, run: BisectRun, nightlies: NightlyRange, selection: Selection,
-           repo: Optional[Checkout]) -> "NightlyBisection":
-        """The date bisection's answer: the two nightlies' commits and, with ``repo``, the main range."""
-        res = run.result
-        out = cls(run, nightlies, selection, repo)
-        if res.outcome not in (Outcome.FOUND, Outcome.AMBIGUOUS):
-            return out
-        for name, i in (("last_good", res.last_good), ("first_bad", res.first_bad)):
-            out.commits[name] = git_version(nightlies.package, run.evaluations.get(i))
-        (good, _), (bad, _) = out.commits["last_good"], out.commits["first_bad"]
-        if repo is not None and good and bad:
-            out.main = main_range(repo, good, bad)
-        return out
-
     def extra_lines(self) -> list[str]:
+        """The days without a nightly, the two nightlies' commits, the main range, the in-day bisection."""
         n = self.nightlies
         lines = [f"days without a nightly of {n.package} ({len(n.missing)}): {_days_text(n.missing)}"
                  if n.missing else f"every day from {min(n.days)} to {max(n.days)} has a nightly of {n.package}"]
@@ -271,15 +298,8 @@ class NightlyBisection:
                              + (f"built from {sha} ({where})" if sha else f"git_version unknown: {where}"))
         if self.commits and self.repo is None:
             lines.append("main commits between them: give --pytorch-repo PATH (a clone with the nightly branch)")
-        m = self.main
-        if m and "why" in m:
-            lines.append(f"main commits between them: unknown ({m['why']})")
-        elif m:
-            lines.append(f"main commits between them: {m['commits']} ({m['good_main'][:12]}..{m['bad_main'][:12]} "
-                         f"in {self.repo.path})")
-            lines.append(f"touching SyncBN's files ({len(m['touching'])}):")
-            lines += [f"  {c['commit']}  {c['subject'][:70]}  [{', '.join(c['files'])}]" for c in m["touching"]]
-            lines.append(f"compare: {m['compare']}")
+        if self.main:
+            lines += self.main.lines(self.repo)
         if self.inside_why:
             lines.append(f"inside the day: not bisected ({self.inside_why})")
         if self.inside is not None:
@@ -288,6 +308,7 @@ class NightlyBisection:
         return lines
 
     def last_lines(self) -> list[str]:
+        """The in-day bisection's last lines when it ran, else the two nightlies' commits."""
         if self.inside is not None and self.inside.last_lines():
             return self.inside.last_lines()
         if not self.commits:
@@ -295,29 +316,27 @@ class NightlyBisection:
         res = self.run.result
         if res.outcome is Outcome.AMBIGUOUS:  # the first bad nightly is one of the untested ones, or hi
             labels = " ".join(self.run.builds[i].label for i in res.candidates)
-            sha, why = self.commits["last_good"]
             return [f"first bad commit: unknown (nightlies between could not be tested; it is one of {labels})",
-                    f"last good commit: {sha or f'unknown ({why})'}"]
-        out = []
-        for name in ("first_bad", "last_good"):
-            sha, why = self.commits[name]
-            out.append(f"{name.replace('_', ' ')} commit: {sha or f'unknown ({why})'}")
-        return out
+                    f"last good commit: {self.commits['last_good'].text()}"]
+        return [f"{name.replace('_', ' ')} commit: {self.commits[name].text()}" for name in ("first_bad", "last_good")]
 
     @property
     def outcome(self) -> Outcome:
         return self.run.result.outcome
 
     def summary(self) -> str:
+        """The bisection of nightlies, what they were built from, the main range, the in-day answer."""
         return self.run.summary(extra=self.extra_lines(), tail=self.last_lines())
 
     def to_dict(self) -> dict:
+        """The bisection's JSON, with the days, the commits, the main range and the in-day answer."""
         n = self.nightlies
         return {**self.run.to_dict(), "mode": "nightly", "package": n.package, "days": [str(d) for d in n.days],
                 "missing_days": [str(d) for d in n.missing], "notes": n.notes,
-                "first_bad_commit": self.commits.get("first_bad", (None,))[0],
-                "last_good_commit": self.commits.get("last_good", (None,))[0],
-                "git_version_source": {k: v[1] for k, v in self.commits.items()}, "main_range": self.main,
+                "first_bad_commit": self.commits["first_bad"].sha if "first_bad" in self.commits else None,
+                "last_good_commit": self.commits["last_good"].sha if "last_good" in self.commits else None,
+                "git_version_source": {k: v.where for k, v in self.commits.items()},
+                "main_range": self.main.to_dict() if self.main else None,
                 "inside_the_day": self.inside.to_dict() if self.inside is not None else None,
                 "inside_the_day_not_run": self.inside_why}
 
@@ -342,30 +361,35 @@ def bisect_nightlies(*, good: str, bad: str, selection: Optional[Selection] = No
     run = bisect_releases(nightlies.builds, selection=selection, package=nightlies.package, index=index,
                           inherit=inherit, rerun=rerun, eval_timeout=eval_timeout, store=store, installer=installer,
                           log=log)
-    out = NightlyBisection.of(run, nightlies, selection, repo)
-    if repo is not None and nightlies.package == "torch" and out.main and "why" not in out.main \
-            and run.result.outcome is Outcome.FOUND:
-        into_the_day(out, strict=strict, on_path=on_path, rerun=rerun, eval_timeout=eval_timeout, store=store,
-                     log=log)
-    return out
+    res, commits, main, inside, why = run.result, {}, None, None, None
+    if res.outcome in (Outcome.FOUND, Outcome.AMBIGUOUS):
+        commits = {name: git_version(nightlies.package, run.evaluations.get(i))
+                   for name, i in (("last_good", res.last_good), ("first_bad", res.first_bad))}
+        good_sha, bad_sha = commits["last_good"].sha, commits["first_bad"].sha
+        if repo is not None and good_sha and bad_sha:
+            main = main_range(repo, good_sha, bad_sha)
+    if main and not main.why and nightlies.package == "torch" and res.outcome is Outcome.FOUND:
+        inside, why = into_the_day(run, repo, main, selection, strict=strict, on_path=on_path, rerun=rerun,
+                                   eval_timeout=eval_timeout, store=store, log=log)
+    return NightlyBisection(run, nightlies, selection, repo, commits, main, inside, why)
 
 
-def into_the_day(found: NightlyBisection, *, strict: bool, on_path: Sequence[str], rerun: bool,
-                 eval_timeout: float, store: Optional[Path], log: Callable[[str], None]) -> None:
-    """Bisect the main commits between the last good and the first bad nightly as overlays on the two."""
-    res, m = found.run.result, found.main
-    pythons = [found.run.evaluations[i].python for i in (res.last_good, res.first_bad)]
+def into_the_day(run: BisectRun, repo: Checkout, main: MainRange, selection: Selection, *, strict: bool,
+                 on_path: Sequence[str], rerun: bool, eval_timeout: float, store: Optional[Path],
+                 log: Callable[[str], None]) -> tuple[Optional[Answer], Optional[str]]:
+    """Bisect the main commits between the last good and the first bad nightly as overlays on the two:
+    the in-day answer, or why there is none."""
+    res = run.result
+    pythons = [run.evaluations[i].python for i in (res.last_good, res.first_bad)]
     if not all(p and Path(p).exists() for p in pythons):
-        found.inside_why = "a nightly's environment is gone: bisect again with --rerun"
-        return
-    if m["commits"] < 2:
-        found.inside_why = f"{m['commits']} main commit between the two nightlies: nothing to bisect"
-        return
-    log(f"inside the day: {m['commits']} main commits from {m['good_main'][:12]} to {m['bad_main'][:12]}")
+        return None, "a nightly's environment is gone: bisect again with --rerun"
+    if main.commits < 2:
+        return None, f"{main.commits} main commit between the two nightlies: nothing to bisect"
+    log(f"inside the day: {main.commits} main commits from {main.good_main[:12]} to {main.bad_main[:12]}")
     try:
-        found.inside = bisect_commits(
-            checkout=found.repo.path, good=m["good_main"], bad=m["bad_main"], selection=found.selection,
-            binaries=[f"{pythons[0]}={m['good_main']}", f"{pythons[1]}={m['bad_main']}"], strict=strict,
-            on_path=on_path, rerun=rerun, eval_timeout=eval_timeout, store=store, log=log)
+        return bisect_commits(
+            checkout=repo.path, good=main.good_main, bad=main.bad_main, selection=selection,
+            binaries=[f"{pythons[0]}={main.good_main}", f"{pythons[1]}={main.bad_main}"], strict=strict,
+            on_path=on_path, rerun=rerun, eval_timeout=eval_timeout, store=store, log=log), None
     except UsageError as exc:
-        found.inside_why = str(exc)
+        return None, str(exc)

@@ -5,7 +5,10 @@ kept in a store under the cache) and the verdict is ``check``'s rule over
 those records (:func:`verdict_of`). A verdict is cached under a key made of
 the build's identity and the selection, so a second bisection over the same
 range creates nothing and runs nothing. A build that cannot be tested (``run``
-exits other than 0 or 1, nothing runnable) is a SKIP.
+exits other than 0 or 1, nothing runnable) is a SKIP. The records behind a
+verdict are :class:`~harness.results.records.Record` objects, read once when
+the run ends or the cache is read; a cached verdict whose records no longer
+read is a cache miss.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from harness import SCHEMA_VERSION, __version__
 from harness.bisect import children
@@ -25,6 +28,7 @@ from harness.bisect.bisector import Verdict
 from harness.bisect.builds import Build
 from harness.engine import RENDEZVOUS_ENV
 from harness.paths import cache_folder
+from harness.results.records import Record
 from harness.selection import Selection
 
 EVAL_TIMEOUT_S = 3600.0  # one `run` of the selection in one build
@@ -39,22 +43,22 @@ class Evaluation:
 
     verdict: Verdict
     reason: str
-    records: list[dict] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)
     duration_s: float = 0.0
     cached: bool = False
     python: Optional[str] = None
 
     def to_dict(self) -> dict:
-        return {"verdict": self.verdict.value, "reason": self.reason, "records": self.records,
+        """The cached form: the verdict, why, the records as ``run --format json`` writes them."""
+        return {"verdict": self.verdict.value, "reason": self.reason, "records": [r.to_dict() for r in self.records],
                 "duration_s": self.duration_s, "python": self.python}
 
 
-def verdict_of(records: list[dict]) -> tuple[Verdict, str]:
+def verdict_of(records: Sequence[Record]) -> tuple[Verdict, str]:
     """``check``'s rule over ``run``'s records (:func:`harness.results.verdict.judge`): the verdict and why."""
-    from harness.results.records import Record
     from harness.results.verdict import judge
 
-    judgement = judge(Record.from_dict(r) for r in records)
+    judgement = judge(records)
     return judgement.verdict, judgement.reason
 
 
@@ -88,8 +92,9 @@ def evaluate(python: Path, sel: Selection, store: Path, timeout: float = EVAL_TI
     if not isinstance(records, list):
         return Evaluation(Verdict.SKIP, f"`run` exited {proc.returncode}: {children.tail(proc.stderr, 2)}",
                           duration_s=duration, python=str(python))
-    verdict, reason = verdict_of(records)
-    return Evaluation(verdict, reason, records, duration, python=str(python))
+    parsed = [Record.from_dict(r) for r in records]
+    verdict, reason = verdict_of(parsed)
+    return Evaluation(verdict, reason, parsed, duration, python=str(python))
 
 
 class VerdictCache:
@@ -106,9 +111,10 @@ class VerdictCache:
     def get(self, key: str) -> Optional[Evaluation]:
         try:
             d = json.loads((self.root / f"{key}.json").read_text())
-        except (OSError, json.JSONDecodeError):
+            records = [Record.from_dict(r) for r in d.get("records", [])]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):  # JSONDecodeError is a ValueError
             return None
-        return Evaluation(Verdict(d["verdict"]), d["reason"], d.get("records", []), d.get("duration_s", 0.0),
+        return Evaluation(Verdict(d["verdict"]), d["reason"], records, d.get("duration_s", 0.0),
                           cached=True, python=d.get("python"))
 
     def put(self, key: str, build: Build, ev: Evaluation) -> None:

@@ -182,11 +182,12 @@ def test_builds_file_gives_the_order_and_must_hold_both_ends(tmp_path):
 
 def test_verdict_follows_check_rule():
     from harness.bisect.verdicts import verdict_of
+    from harness.results.records import Record
 
     rec = {"case": "c", "family": "f", "params": {}, "impl": "i", "status": "pass"}
-    assert verdict_of([rec])[0] is G
-    assert verdict_of([rec, {**rec, "status": "hang"}])[0] is B
-    assert verdict_of([{**rec, "status": "skipped", "message": "apex absent"}])[0] is S
+    assert verdict_of([Record.from_dict(rec)])[0] is G
+    assert verdict_of([Record.from_dict(rec), Record.from_dict({**rec, "status": "hang"})])[0] is B
+    assert verdict_of([Record.from_dict({**rec, "status": "skipped", "message": "apex absent"})])[0] is S
     assert verdict_of([])[0] is S
 
 

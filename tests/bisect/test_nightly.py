@@ -169,8 +169,8 @@ def test_date_bisection_skips_the_missing_day_and_names_the_commits(tmp_path, mo
     assert "days without a nightly of syncbnplug (1): 2026-10-04" in text
     # What the two nightlies were built from, and the main commits between them.
     assert got.commits["last_good"] == (nightly[DAYS[4]], "syncbnplug.version.git_version")
-    assert got.main["good_main"] == m["misc"] and got.main["bad_main"] == m["ddp"] and got.main["commits"] == 3
-    assert [(c["commit"], c["files"]) for c in got.main["touching"]] == [
+    assert got.main.good_main == m["misc"] and got.main.bad_main == m["ddp"] and got.main.commits == 3
+    assert [(c.commit, c.files) for c in got.main.touching] == [
         (m["culprit"], ["torch/nn/modules/_functions.py"]), (m["ddp"], ["torch/nn/parallel/distributed.py"])]
     assert f"compare: https://github.com/pytorch/pytorch/compare/{m['misc']}...{m['ddp']}" in text
     assert text.splitlines()[-2:] == [f"first bad commit: {nightly[DAYS[5]]}", f"last good commit: {nightly[DAYS[4]]}"]

@@ -94,7 +94,7 @@ def test_a_date_bisection_goes_inside_the_day_over_the_closer_nightly(tmp_path, 
                            pytorch_repo=str(repo.path))
     text = got.summary()
     assert got.run.result.outcome is Outcome.FOUND, text
-    assert got.commits["last_good"][0] == nightly["2026-10-01"] and got.main["commits"] == 4, text
+    assert got.commits["last_good"][0] == nightly["2026-10-01"] and got.main.commits == 4, text
     inside = got.inside
     assert inside is not None, (got.inside_why, text)
     assert inside.kind == "python" and [t.base for t in inside.source.targets] == [main[0], main[-1]]

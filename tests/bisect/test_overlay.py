@@ -124,7 +124,7 @@ def test_overlay_bisection_finds_the_planted_commit_and_reuses_everything(tmp_pa
     binary = torch.version.git_version
     tested = sorted(i for i, ev in run.evaluations.items() if ev.verdict is not Verdict.SKIP)
     for i in tested:
-        assert {r["torch_git_version"] for r in run.evaluations[i].records} == {f"overlay of {shas[i]} on {binary}"}
+        assert {r.torch_git_version for r in run.evaluations[i].records} == {f"overlay of {shas[i]} on {binary}"}
     assert sorted(Store(store).builds()) == sorted(build_key(torch.__version__, f"overlay of {shas[i]} on {binary}",
                                                              "cpu", "gloo") for i in tested)
     # The tree: the planted file is a new file, the rest hard links of the installed package, untouched.

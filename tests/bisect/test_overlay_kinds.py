@@ -69,7 +69,7 @@ def test_a_python_defect_among_off_path_cpp_commits_is_found_exactly(tmp_path, m
     assert approx and all(i >= 1 for i in approx) and all("none on SyncBN's path" in got.approximate[i]
                                                            for i in approx)
     for i in approx:
-        assert all("(approximate: " in r["torch_git_version"] for r in run.evaluations[i].records)
+        assert all("(approximate: " in r.torch_git_version for r in run.evaluations[i].records)
         assert f"{run.builds[i].label:<40} {run.evaluations[i].verdict.value}~" in text
     # The report lists the bisection's builds in branch order, approximate ones marked.
     index = write_report(store, tmp_path / "report").html.read_text()
@@ -149,4 +149,4 @@ def test_with_two_binaries_each_commit_lies_over_the_closer_one(tmp_path, monkey
     assert text.splitlines()[-2:] == [f"first bad commit (Python): {shas[4]}", f"last good commit: {shas[3]}"]
     assert got.run.stats["evaluated"] <= most(len(shas))
     records = got.run.evaluations[4].records
-    assert {r["torch_git_version"] for r in records} == {f"overlay of {shas[4]} on {torch.version.git_version}"}
+    assert {r.torch_git_version for r in records} == {f"overlay of {shas[4]} on {torch.version.git_version}"}
