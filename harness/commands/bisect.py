@@ -5,6 +5,10 @@ Three modes, by what ``--good`` and ``--bad`` name:
 - nightlies, by day or ``.devYYYYMMDD`` version (:mod:`harness.bisect.nightly`);
 - with ``--overlay PATH``, commits of a checkout laid over the installed torch
   (:mod:`harness.bisect.commits`).
+
+Which mode-specific flag applies to which mode is one table, :data:`FLAG_MODES`,
+checked in one loop before anything runs; each mode's answer is an
+:class:`~harness.bisect.answers.Answer`, printed the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +22,32 @@ import click
 from harness.commands import cli
 from harness.commands._options import selection_options
 from harness.errors import UsageError
+
+RELEASES, NIGHTLIES, INSIDE_DAY, OVERLAY = "releases", "nightlies", "inside-day", "overlay"
+# Where each mode's flags apply; in the order their refusals are checked. INSIDE_DAY: nightlies with --pytorch-repo.
+FLAG_MODES = {
+    "--binary": {OVERLAY},
+    "--on-path": {OVERLAY, INSIDE_DAY},
+    "--strict": {OVERLAY, INSIDE_DAY},
+    "--base": {OVERLAY},
+    "--package": {RELEASES, NIGHTLIES},
+    "--versions": {RELEASES, NIGHTLIES},
+    "--builds": {RELEASES},
+    "--pytorch-repo": {NIGHTLIES},
+}
+WHERE = {OVERLAY: "--overlay PATH", INSIDE_DAY: "nightlies with --pytorch-repo",
+         NIGHTLIES: "nightlies by day (--good 2026-10-01 ...)", RELEASES: "releases, wheels or interpreters"}
+
+
+def refuse_flags(modes: set, given: dict) -> None:
+    """A usage error naming the first flag of ``given`` (flag -> value) that applies to none of ``modes``
+    (with ``--overlay``: every such flag at once), and the fix."""
+    wrong = [flag for flag, applies in FLAG_MODES.items() if given.get(flag) and not applies & modes]
+    if wrong and OVERLAY in modes:
+        raise UsageError(f"--overlay bisects commits of a checkout: {', '.join(wrong)} do not apply; drop them")
+    if wrong:
+        where = " or ".join(WHERE[m] for m in WHERE if m in FLAG_MODES[wrong[0]])
+        raise UsageError(f"{wrong[0]} applies only to {where}: drop it")
 
 
 @cli.command()
@@ -80,6 +110,7 @@ def bisect(good, bad, selection, package, versions, builds_file, find_links, ind
 
     Exit 0 when the first bad build is found, 1 when an end is wrong (good not good, bad not bad).
     """
+    from harness.bisect.answers import Answer
     from harness.bisect.bisector import Outcome
     from harness.bisect.builds import IndexOptions
     from harness.bisect.nightly import is_nightly_spec
@@ -89,38 +120,27 @@ def bisect(good, bad, selection, package, versions, builds_file, find_links, ind
     common = dict(selection=selection, rerun=rerun, eval_timeout=eval_timeout,
                   store=Path(store_dir).absolute() if store_dir else None, log=lambda s: click.echo(s, err=True))
     nightly = is_nightly_spec(good) or is_nightly_spec(bad)
-    if not overlay:
-        into_day = nightly and pytorch_repo
-        for flag, value in (("--binary", binaries), ("--on-path", on_path), ("--strict", strict)):
-            if value and (flag == "--binary" or not into_day):
-                raise UsageError(f"{flag} applies only to --overlay PATH"
-                                 + ("" if flag == "--binary" else " or nightlies with --pytorch-repo") + ": drop it")
+    if nightly and not overlay and not (is_nightly_spec(good) and is_nightly_spec(bad)):
+        raise UsageError(f"--good {good!r} and --bad {bad!r}: bisecting nightlies needs both ends as days "
+                         "(2026-10-01) or nightly versions (2.13.0.dev20261001)")
+    modes = ({OVERLAY} if overlay else {NIGHTLIES, INSIDE_DAY} if nightly and pytorch_repo
+             else {NIGHTLIES} if nightly else {RELEASES})
+    refuse_flags(modes, {"--binary": binaries, "--on-path": on_path, "--strict": strict, "--base": base,
+                         "--package": package, "--versions": versions, "--builds": builds_file,
+                         "--pytorch-repo": pytorch_repo})
+    result: Answer
     if overlay:
-        given = [f for f, v in (("--package", package), ("--versions", versions), ("--builds", builds_file),
-                                ("--pytorch-repo", pytorch_repo)) if v]
-        if given:
-            raise UsageError(f"--overlay bisects commits of a checkout: {', '.join(given)} do not apply; drop them")
         from harness.bisect.commits import bisect_commits
 
         result = bisect_commits(checkout=overlay, good=good, bad=bad, base=base, binaries=binaries, strict=strict,
                                 on_path=on_path, **common)
     elif nightly:
-        if not (is_nightly_spec(good) and is_nightly_spec(bad)):
-            raise UsageError(f"--good {good!r} and --bad {bad!r}: bisecting nightlies needs both ends as days "
-                             "(2026-10-01) or nightly versions (2.13.0.dev20261001)")
-        for flag, value in (("--builds", builds_file), ("--base", base)):
-            if value:
-                raise UsageError(f"{flag} does not apply to nightlies by day: drop it")
         from harness.bisect.nightly import bisect_nightlies
 
         result = bisect_nightlies(good=good, bad=bad, package=package, versions=versions, index=index,
                                   inherit=inherit, pytorch_repo=pytorch_repo, strict=strict, on_path=on_path,
                                   installer=installer, **common)
     else:
-        for flag, value in (("--base", base), ("--pytorch-repo", pytorch_repo)):
-            if value:
-                need = "--overlay PATH" if flag == "--base" else "nightlies by day (--good 2026-10-01 ...)"
-                raise UsageError(f"{flag} applies only to {need}: drop it")
         from harness.bisect.driver import bisect_builds
 
         result = bisect_builds(good=good, bad=bad, package=package, versions=versions, builds_file=builds_file,
