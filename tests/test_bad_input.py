@@ -13,9 +13,8 @@ from hypothesis import strategies as st
 
 from harness.errors import HarnessError
 from harness.results import known_issues
-from harness.results.index import refreshed
 from harness.results.records import Record, Status
-from harness.results.store import read_file
+from harness.results.store import Store, read_file
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -63,8 +62,8 @@ def test_the_store_reader_and_index_refuse_or_drop_bad_lines_never_crash(tmp_pat
 
 
 def _latest(store: Path) -> list:
-    with refreshed(store) as index:
-        return index.latest()
+    with Store(store) as asked:
+        return list(asked.latest())
 
 
 def toml_value(v) -> str:

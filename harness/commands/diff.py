@@ -41,11 +41,10 @@ def diff(build_a, build_b, store_dir, growth, growth_floor, fmt, show_same, fail
 
 def diff_builds(store_dir, build_a: str, build_b: str, *, factor: float = 2.0, floor: float = 0.1):
     """The changes from build A to build B of a store, and the two resolved build keys."""
-    from harness.results.diff import GrowthRule, compare
-    from harness.results.index import latest_of_build
-    from harness.results.store import Store
+    from harness.results.diff import GrowthRule, changes
+    from harness.results.store import Store, Where
 
-    store = Store(store_dir)
-    key_a, key_b = store.resolve_build(build_a), store.resolve_build(build_b)
-    a, b = latest_of_build(store_dir, key_a), latest_of_build(store_dir, key_b)
-    return compare(a, b, GrowthRule(factor, floor)), key_a, key_b
+    with Store(store_dir) as store:
+        key_a, key_b = store.resolve_build(build_a), store.resolve_build(build_b)
+        a, b = list(store.latest(Where(build=key_a))), list(store.latest(Where(build=key_b)))
+    return changes(a, b, GrowthRule(factor, floor)), key_a, key_b

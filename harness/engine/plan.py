@@ -93,7 +93,7 @@ def make_plan(selection: Selection, *, store_dir: Optional[str] = None, resume: 
     ``store_dir`` None: the records are not stored (``check``, ``gate``'s current build, ``repro``). ``cases``:
     these cases instead of the selection's.
     """
-    from harness.results.store import Store, latest
+    from harness.results.store import Store, Where
 
     if resume and store_dir is None:
         raise ValueError("resume needs a store")
@@ -110,11 +110,13 @@ def make_plan(selection: Selection, *, store_dir: Optional[str] = None, resume: 
         # pairs reach every rank at the job's start (harness.engine.torchrun), so that all run the same cases.
         if not (resume and os.environ.get("RANK") == "0"):
             return plan
-    existing = Store(store_dir).prepare(plan.key)
-    if resume:
-        wanted = {(c.id, i.name) for c in plan.cases for i in plan.impls}
-        plan.stored = {(r.case, r.impl): r for r in latest(existing) if (r.case, r.impl) in wanted}
-        plan.pairs = wanted - set(plan.stored)
+    with Store(store_dir) as store:
+        store.prepare(plan.key)
+        if resume:
+            wanted = {(c.id, i.name) for c in plan.cases for i in plan.impls}
+            plan.stored = {(r.case, r.impl): r for r in store.latest(Where(build=plan.key))
+                           if (r.case, r.impl) in wanted}
+            plan.pairs = wanted - set(plan.stored)
     return plan
 
 

@@ -4,7 +4,9 @@
 - :mod:`~harness.results.evidence`: the shapes of a record's compare, desync, diagnosis and compile fields;
 - :mod:`~harness.results.verdict`: good, bad or untestable over a build's records (``check`` and ``bisect``);
 - :mod:`~harness.results.known_issues`: the known-issues file, matched to records;
-- :mod:`~harness.results.store`: the append-only JSON Lines store, one file per build;
+- :mod:`~harness.results.reader`: the one reader of stored records (schema migrations, torn lines);
+- :mod:`~harness.results.store`: the append-only JSON Lines store, one file per build, and the questions it
+  answers (the latest records, counts, a sample), narrowed by :mod:`~harness.results.where`;
 - :mod:`~harness.results.index`: a derived, deletable SQLite index of a store, for reports in bounded memory;
 - :mod:`~harness.results.compaction`: the store's housekeeping (what each build file holds; keeping what is read);
 - :mod:`~harness.results.fingerprint`: a record's collective fingerprint, and how it changed between builds;

@@ -2,7 +2,7 @@
 (:func:`compact`).
 
 Readers take the latest record of each (implementation, case) of a build
-(:func:`harness.results.store.latest`); every earlier one is *superseded*:
+(:meth:`harness.results.store.Store.latest`); every earlier one is *superseded*:
 kept by the append-only store, read by nobody. ``store stats`` counts them;
 ``store compact`` drops them.
 

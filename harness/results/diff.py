@@ -158,7 +158,7 @@ def classify(before: Optional[Record], after: Optional[Record], rule: GrowthRule
     return SAME
 
 
-def compare(before: Iterable[Record], after: Iterable[Record], rule: GrowthRule = DEFAULT_RULE) -> list[Change]:
+def changes(before: Iterable[Record], after: Iterable[Record], rule: GrowthRule = DEFAULT_RULE) -> list[Change]:
     """One :class:`Change` per (impl, case) on either side, ordered by impl then case."""
     a, b = _by_pair(before), _by_pair(after)
     out = []

@@ -8,7 +8,7 @@ or one build at a time for CSV), so memory follows what the caller chose.
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from typing import Iterable
 
 from harness.results import compile_stats, fingerprint
 from harness.results.records import FAILURES, WORST_FIRST, RankStatus, Record
@@ -32,7 +32,7 @@ def attribution(record: Record) -> str:
     return "; ".join(parts)
 
 
-def records_frame(records: Sequence[Record]):
+def records_frame(records: Iterable[Record]):
     """One row per record: build, impl, case, family, status, worst err/tol, attribution, params..."""
     import pandas as pd
 
@@ -57,7 +57,7 @@ def records_frame(records: Sequence[Record]):
     return pd.DataFrame(rows)
 
 
-def metrics_frame(records: Sequence[Record]):
+def metrics_frame(records: Iterable[Record]):
     """One row per compared tensor: build, impl, case, metric name, tensor, max_abs_err, tol, ratio, ok."""
     import pandas as pd
 

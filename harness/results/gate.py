@@ -29,10 +29,10 @@ from typing import Optional, Sequence
 
 from harness.errors import UsageError
 from harness.results.diff import (COLLECTIVES, COMPILATION, DEFAULT_RULE, ONLY_AFTER, ONLY_BEFORE, Change, GrowthRule,
-                                  compare)
+                                  changes)
 from harness.results.junit import detail
 from harness.results.records import NOT_RUN, Record, Status
-from harness.results.store import Store, read_file, record_key
+from harness.results.store import Store, Where, read_file, record_key
 
 MISSING = "MISSING"
 
@@ -93,16 +93,14 @@ def load_baseline(path) -> list[Record]:
 
 
 def stored_current(store_dir, key: str, impls: Sequence[str] = (), case_patterns: Sequence[str] = ()) -> list[Record]:
-    """This build's records from the store, optionally only some impls and case patterns."""
-    store = Store(store_dir)
-    if key not in store.builds():
-        present = ", ".join(store.builds()) or "none"
-        raise GateError(f"the store {store_dir} holds no records of this build ({key}); builds present: "
-                        f"{present}. Run `syncbn-harness run --store {store_dir}` first, or gate a fresh run by "
-                        "leaving out --store")
-    from harness.results.index import latest_of_build
-
-    records = latest_of_build(store_dir, key)
+    """This build's latest records from the store, optionally only some impls and case patterns."""
+    with Store(store_dir) as store:
+        if key not in store.builds():
+            present = ", ".join(store.builds()) or "none"
+            raise GateError(f"the store {store_dir} holds no records of this build ({key}); builds present: "
+                            f"{present}. Run `syncbn-harness run --store {store_dir}` first, or gate a fresh run by "
+                            "leaving out --store")
+        records = list(store.latest(Where(build=key)))
     if impls:
         records = [r for r in records if r.impl in impls]
     if case_patterns:
@@ -116,7 +114,7 @@ def evaluate(baseline: Sequence[Record], current: Sequence[Record], rule: Growth
     """Compare ``current`` with ``baseline``; refuse a comparison with no (impl, case) in common."""
     if not current:
         raise GateError("no current records to gate (the selection or the store filters left none)")
-    result = GateResult(compare(baseline, current, rule), sorted({record_key(r) for r in baseline}),
+    result = GateResult(changes(baseline, current, rule), sorted({record_key(r) for r in baseline}),
                         sorted({record_key(r) for r in current}), allow_missing, fail_on_collectives,
                         fail_on_compilation)
     if not result.compared:

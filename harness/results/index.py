@@ -4,10 +4,12 @@ The ``.jsonl`` files stay the truth (and the CI artifact, readable with
 ``jq``); the index only makes reading them cheap. It holds one row per record
 line: where the line is (file, byte offset, length) and the few fields a
 report groups and sorts by (build, implementation, case, family, status,
-known issue, worst err/tol, whether it was compiled). Everything else is read
-back from the file at that offset, for the few records a page shows
-(:meth:`Index.load`). Deleting the index loses nothing: the next command
-rebuilds it.
+known issue, worst err/tol, whether it was compiled), taken from the record
+as the store's one reader makes it (:func:`harness.results.reader.record_from`:
+migrated, then ``Record.from_dict``). Everything else is read back from the
+file at that offset, for the few records a page shows (:meth:`Index.load`).
+Deleting the index loses nothing: the next command rebuilds it; an index made
+by another index format or another record schema is rebuilt too.
 
 Where: ``<store>/.syncbn-index.sqlite3``; when the store folder is not
 writable (a downloaded artifact), ``<cache>/indexes/<hash of the folder>.sqlite3``.
@@ -22,13 +24,17 @@ Bringing it up to date (:meth:`Index.update`), per build file, protocol:
   are append-only), and only whole lines (a line still being written, without
   its newline, waits for the next update);
 - a line that is not a record (a torn tail) is skipped, as the store's reader
-  does; a record of a newer schema refuses the file (:class:`StoreError`);
+  does; a record of a newer schema, or a line the reader refuses, refuses the
+  file (:class:`StoreError`);
 - a file gone from the folder has its rows dropped.
 Rows are inserted in batches inside one transaction per file, so an
 interrupted update leaves the previous state of that file.
 
 The latest record of each (build, implementation, case), what every reader
-reads, is the one with the highest row id (rows are inserted in file order).
+reads, is the one with the highest row id (rows are inserted in file order):
+:data:`Index.LATEST`, the one definition. The questions are asked of the store
+(:class:`harness.results.store.Store`, narrowed by a :class:`~harness.results.where.Where`);
+no SQL is written outside this module.
 """
 
 from __future__ import annotations
@@ -43,12 +49,13 @@ from typing import Iterable, Iterator, Optional
 
 from harness import SCHEMA_VERSION
 from harness.paths import cache_folder
-from harness.judge.metric import Metric, worst_ratio
-from harness.results.records import Record, check_fields
-from harness.results.store import StoreError, migrate
+from harness.results.reader import StoreError, looks_like_record, record_from
+from harness.results.records import Record
+from harness.results.where import Where
 
 NAME = ".syncbn-index.sqlite3"
-FORMAT = 1  # of the index itself: a different one is rebuilt
+FORMAT = 2  # of the index itself: a different one is rebuilt
+VERSION = FORMAT * 1000 + SCHEMA_VERSION  # rows are made from records of this schema: another one is rebuilt
 HEAD = 256  # bytes of a file's start kept to notice a file replaced by another
 BATCH = 2000
 _COLUMNS = ("file", "offset", "length", "build", "impl", "case_id", "family", "status", "known", "known_link",
@@ -73,14 +80,11 @@ def location(store_dir: Path) -> Path:
     return cache_folder("indexes") / f"{digest}.sqlite3"
 
 
-def _row(d: dict, file: str, offset: int, length: int) -> tuple:
-    known = d.get("known_issue") or {}
-    metrics = d.get("metrics") or {}
-    ratio = worst_ratio([Metric.from_dict(m) for m in metrics.values() if isinstance(m, dict)])
-    return (file, offset, length, file[:-len(".jsonl")], d["impl"], d["case"], d.get("family") or "",
-            d["status"], int(bool(known.get("matched"))), known.get("link") or "", ratio,
-            str(d.get("torch_git_version") or ""), int(bool(d.get("compile"))), int(bool(metrics)),
-            str(d.get("mode") or ""))
+def _row(r: Record, file: str, offset: int, length: int) -> tuple:
+    """The index's row of record ``r``, at ``offset`` in ``file`` (the columns of :data:`_COLUMNS`)."""
+    return (file, offset, length, file[:-len(".jsonl")], r.impl, r.case, r.family, r.status.value, int(r.known),
+            r.known_issue.link if r.known_issue else "", r.worst_ratio, r.torch_git_version, int(bool(r.compile)),
+            int(bool(r.metrics)), r.mode or "")
 
 
 class Index:
@@ -107,7 +111,7 @@ class Index:
 
     def _schema(self) -> None:
         version = self.db.execute("PRAGMA user_version").fetchone()[0]
-        if version != FORMAT:
+        if version != VERSION:
             self.db.executescript("DROP TABLE IF EXISTS files; DROP TABLE IF EXISTS records;")
         self.db.executescript(f"""
             CREATE TABLE IF NOT EXISTS files (name TEXT PRIMARY KEY, dev INTEGER, ino INTEGER, size INTEGER,
@@ -117,7 +121,7 @@ class Index:
                 worst_ratio REAL, torch_git_version TEXT, compiled INTEGER, has_metrics INTEGER, mode TEXT);
             CREATE INDEX IF NOT EXISTS records_key ON records (build, impl, case_id, id);
             CREATE INDEX IF NOT EXISTS records_file ON records (file);
-            PRAGMA user_version = {FORMAT};
+            PRAGMA user_version = {VERSION};
         """)
 
     # ------------------------------------------------------------------ bringing it up to date
@@ -194,15 +198,9 @@ class Index:
             d = json.loads(line)
         except ValueError:
             return []  # a torn tail: the store's reader drops it too, with its warning
-        if not isinstance(d, dict) or not isinstance(d.get("case"), str) or not isinstance(d.get("impl"), str):
+        if not looks_like_record(d):
             return []
-        if not isinstance(d.get("schema_version", 1), int) or d.get("schema_version", 1) > SCHEMA_VERSION:
-            migrate(d, f"{path}:{offset}")  # raises, naming the harness release needed
-        try:
-            check_fields(d)
-            return [_row(d, name, offset, len(line))]
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise StoreError(_not_a_record(path, offset, exc)) from None
+        return [_row(record_from(d, path, f"the line at byte {offset}"), name, offset, len(line))]
 
     def _insert(self, rows: list[tuple]) -> None:
         if rows:
@@ -210,9 +208,11 @@ class Index:
                                 f"({', '.join('?' * len(_COLUMNS))})", rows)
 
     # ------------------------------------------------------------------ queries
-    # Every read of the latest records goes through these methods: no SQL outside this module.
+    # Every read of the latest records goes through these methods (asked through the Store's questions).
 
-    LATEST = "SELECT * FROM records WHERE id IN (SELECT max(id) FROM records GROUP BY build, impl, case_id)"
+    # The latest record of each (build, impl, case): the one definition. {build} narrows it to one build.
+    LATEST = ("SELECT * FROM records WHERE id IN "
+              "(SELECT max(id) FROM records WHERE {build} GROUP BY build, impl, case_id)")
     # The orders readers ask for, by name.
     ORDERS = {
         "failing": "known, impl, build, case_id",  # unexpected first
@@ -222,61 +222,62 @@ class Index:
         "sample": "coalesce(worst_ratio, 0) > 1 DESC, (id * 2654435761) % 1000003",
     }
 
-    def _query(self, sql: str, params: Iterable = ()) -> list[tuple]:
-        """``sql`` over the index; the table ``latest`` holds the latest record of each (build, impl, case),
-        made once per connection (after :meth:`update`) so that many queries do not each group the records."""
-        if not self._latest:
-            self.db.executescript(f"DROP TABLE IF EXISTS temp.latest; CREATE TEMP TABLE latest AS {self.LATEST}; "
-                                  "CREATE INDEX temp.latest_impl ON latest (impl, has_metrics); "
-                                  "CREATE INDEX temp.latest_status ON latest (status);")
-            self._latest = True
-        return self.db.execute(sql, tuple(params)).fetchall()
+    def _query(self, select: str, where: Optional[Where], tail: str = "", extra: Iterable = ()) -> list[tuple]:
+        """``SELECT <select> FROM <the latest records> WHERE <where> <tail>``. One build's latest records
+        (``where.build``) are grouped from its rows alone; every build's come from the temporary table
+        ``latest``, made once per connection (after :meth:`update`) so that many queries do not each group
+        every record."""
+        where = where or Where()
+        conditions, params = _conditions(where)
+        if where.build is not None:
+            table, params = f"({self.LATEST.format(build='build = ?')})", (where.build, *params)
+        else:
+            table = "latest"
+            if not self._latest:
+                self.db.executescript("DROP TABLE IF EXISTS temp.latest; CREATE TEMP TABLE latest AS "
+                                      f"{self.LATEST.format(build='1')}; "
+                                      "CREATE INDEX temp.latest_impl ON latest (impl, has_metrics); "
+                                      "CREATE INDEX temp.latest_status ON latest (status);")
+                self._latest = True
+        sql = f"SELECT {select} FROM {table} WHERE {conditions} {tail}"
+        return self.db.execute(sql, (*params, *extra)).fetchall()
 
-    def count(self, where: Optional["Where"] = None) -> int:
+    def count(self, where: Optional[Where] = None) -> int:
         """How many latest records match ``where`` (all of them by default)."""
-        sql, params = (where or Where()).sql()
-        ((n,),) = self._query(f"SELECT count(*) FROM latest WHERE {sql}", params)
+        ((n,),) = self._query("count(*)", where)
         return n
 
-    def count_known(self, where: Optional["Where"] = None) -> int:
-        """How many of those are known issues."""
-        sql, params = (where or Where()).sql()
-        ((n,),) = self._query(f"SELECT coalesce(sum(known), 0) FROM latest WHERE {sql}", params)
-        return n
-
-    def latest(self, where: Optional["Where"] = None, *, order: str = "stored",
-               limit: Optional[int] = None) -> list[Record]:
+    def latest(self, where: Optional[Where] = None, *, order: str = "stored",
+               limit: Optional[int] = None) -> Iterator[Record]:
         """The latest records matching ``where`` in the named ``order`` (:data:`ORDERS`), at most ``limit``,
         read back from the store's files."""
-        sql, params = (where or Where()).sql()
-        rows = self._query(f"SELECT file, offset, length FROM latest WHERE {sql} ORDER BY {self.ORDERS[order]}"
-                           + (" LIMIT ?" if limit is not None else ""),
-                           (*params, limit) if limit is not None else params)
-        return list(self.load(rows))
+        if order not in self.ORDERS:
+            raise ValueError(f"order {order!r}: one of {', '.join(self.ORDERS)}")
+        tail = f"ORDER BY {self.ORDERS[order]}" + (" LIMIT ?" if limit is not None else "")
+        return self.load(self._query("file, offset, length", where, tail, () if limit is None else (limit,)))
 
     def tally(self) -> list[tuple]:
         """(build, impl, family, status, known, count) over the latest records."""
-        return self._query("SELECT build, impl, family, status, known, count(*) FROM latest "
+        return self._query("build, impl, family, status, known, count(*)", None,
                            "GROUP BY build, impl, family, status, known")
 
     def build_commits(self) -> list[tuple[str, str]]:
         """(build, torch_git_version) of every build."""
-        return self._query("SELECT build, max(torch_git_version) FROM latest GROUP BY build")
+        return self._query("build, max(torch_git_version)", None, "GROUP BY build")
 
-    def pairs(self, where: Optional["Where"] = None) -> set[tuple[str, str]]:
+    def pairs(self, where: Optional[Where] = None) -> set[tuple[str, str]]:
         """The (impl, case) pairs of the latest records matching ``where``."""
-        sql, params = (where or Where()).sql()
-        return set(self._query(f"SELECT DISTINCT impl, case_id FROM latest WHERE {sql}", params))
+        return set(self._query("DISTINCT impl, case_id", where))
 
     def distinct(self, column: str) -> list[str]:
         """The values of ``impl`` or ``build`` among the latest records, sorted."""
         if column not in ("impl", "build"):
             raise ValueError(f"distinct({column!r}): impl or build")
-        return [v for (v,) in self._query(f"SELECT DISTINCT {column} FROM latest ORDER BY {column}")]
+        return [v for (v,) in self._query(f"DISTINCT {column}", None, f"ORDER BY {column}")]
 
     def modes(self) -> dict[str, str]:
         """Each implementation's modes, comma-separated."""
-        return dict(self._query("SELECT impl, group_concat(DISTINCT mode) FROM latest GROUP BY impl"))
+        return dict(self._query("impl, group_concat(DISTINCT mode)", None, "GROUP BY impl"))
 
     def load(self, locations: Iterable[tuple[str, int, int]]) -> Iterator[Record]:
         """The records at ``(file, offset, length)``, read back from the store's files."""
@@ -293,18 +294,10 @@ class Index:
                 except ValueError:
                     raise StoreError(f"{self.store / file} changed under the index at byte {offset}: delete "
                                      f"{self.path} and run again") from None
-                try:
-                    yield Record.from_dict(migrate(d, f"{self.store / file}:{offset}"))
-                except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                    raise StoreError(_not_a_record(self.store / file, offset, exc)) from None
+                yield record_from(d, self.store / file, f"the line at byte {offset}")
         finally:
             for f in handles.values():
                 f.close()
-
-
-def _not_a_record(path: Path, offset: int, exc: Exception) -> str:
-    return (f"{path}: the line at byte {offset} is not a syncbn-harness record ({type(exc).__name__}: {exc}); "
-            "the file's other records are intact: fix or delete that line, or move the file out of the store")
 
 
 def _lines(path: Path, start: int) -> Iterator[tuple[int, bytes]]:
@@ -331,40 +324,20 @@ def refreshed(store_dir: os.PathLike | str) -> Index:
     return index
 
 
-@dataclass(frozen=True)
-class Where:
-    """Which latest records a query takes: every given condition holds (none given: all of them)."""
-
-    statuses: tuple[str, ...] = ()
-    impl: Optional[str] = None
-    build: Optional[str] = None
-    compiled: Optional[bool] = None
-    has_metrics: Optional[bool] = None
-    native: Optional[bool] = None  # recorded in the 'native' mode (the implementation's own kernels)
-
-    def sql(self) -> tuple[str, tuple]:
-        terms, params = [], []
-        if self.statuses:
-            terms.append(f"status IN ({', '.join('?' * len(self.statuses))})")
-            params += list(self.statuses)
-        for column, value in (("impl", self.impl), ("build", self.build)):
-            if value is not None:
-                terms.append(f"{column} = ?")
-                params.append(value)
-        for column, flag in (("compiled", self.compiled), ("has_metrics", self.has_metrics)):
-            if flag is not None:
-                terms.append(f"{column} = ?")
-                params.append(int(flag))
-        if self.native is not None:
-            terms.append("mode = 'native'" if self.native else "coalesce(mode, '') != 'native'")
-        return (" AND ".join(terms) or "1"), tuple(params)
-
-
-def latest_of_build(store_dir: os.PathLike | str, key: str) -> list[Record]:
-    """The latest record of each (impl, case) of build ``key``, in the order they were appended, read through
-    the index (only that build's file is brought up to date; superseded records are never parsed)."""
-    with Index(store_dir) as index:
-        index.update(only=key)
-        rows = index.db.execute("SELECT file, offset, length FROM records WHERE id IN (SELECT max(id) FROM records "
-                                "WHERE build = ? GROUP BY impl, case_id) ORDER BY id", (key,)).fetchall()
-        return list(index.load(rows))
+def _conditions(where: Where) -> tuple[str, tuple]:
+    """``where`` as SQL conditions over the index's columns, and their parameters."""
+    terms, params = [], []
+    if where.statuses:
+        terms.append(f"status IN ({', '.join('?' * len(where.statuses))})")
+        params += list(where.statuses)
+    for column, value in (("impl", where.impl), ("build", where.build)):
+        if value is not None:
+            terms.append(f"{column} = ?")
+            params.append(value)
+    for column, flag in (("compiled", where.compiled), ("has_metrics", where.has_metrics), ("known", where.known)):
+        if flag is not None:
+            terms.append(f"{column} = ?")
+            params.append(int(flag))
+    if where.native is not None:
+        terms.append("mode = 'native'" if where.native else "coalesce(mode, '') != 'native'")
+    return (" AND ".join(terms) or "1"), tuple(params)

@@ -1,8 +1,8 @@
 """What a report shows, gathered from the store's index in bounded memory (:func:`gather`), and the per-build
 CSV exports (:func:`write_csv`).
 
-Counts come from the store's index (:mod:`harness.results.index`); only the
-records a page shows are read back from the store's files: the first
+Counts are the store's answers to named questions (:class:`~harness.results.store.Store`, served by its
+index); only the records a page shows are read back from the store's files: the first
 :data:`MAX_FAILING` failing records (unexpected ones first), the first
 :data:`MAX_COMPILED` compiled ones, and per implementation a sample of
 :data:`PLOT_SAMPLE` records whose tensors are plotted (those out of tolerance
@@ -20,9 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.errors import UsageError
 from harness.results.frames import FAILING, metrics_frame, records_frame
+from harness.results.store import Store, Where
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 class EmptyStore(UsageError):
@@ -36,7 +41,7 @@ PLOT_SAMPLE = 400  # records per implementation whose tensors are plotted (the w
 
 @dataclass
 class Page:
-    """What the page and the summary show, gathered from the index in bounded memory.
+    """What the page and the summary show, gathered from the store in bounded memory.
 
     ``cells``: one row per (build, impl, family, status, known_issue) with its count ``n``; ``builds``: each
     build's key and torch_git_version; ``failing``/``compiled``: records frames of the rows shown, with the
@@ -44,61 +49,56 @@ class Page:
 
     store_dir: str
     total: int
-    cells: object
-    builds: object
-    failing: object
+    cells: "pd.DataFrame"
+    builds: "pd.DataFrame"
+    failing: "pd.DataFrame"
     failing_total: int
     failing_known: int
-    compiled: object
+    compiled: "pd.DataFrame"
     compiled_total: int
-    plots: dict  # impl -> (metrics frame of the sample, records sampled, records with metrics)
-    modes: dict  # impl -> its modes, comma-separated
+    plots: dict[str, tuple["pd.DataFrame", int, int]]  # impl -> (metrics frame of the sample, sampled, with metrics)
+    modes: dict[str, str]  # impl -> its modes, comma-separated
 
 
 def gather(store_dir) -> Page:
-    """The page's data: counts by the store's index, and only the records shown read back."""
+    """The page's data: counts asked of the store, and only the records shown read back."""
     import pandas as pd
 
-    from harness.results.index import Where, refreshed
-
-    with refreshed(store_dir) as index:
-        total = index.count()
+    with Store(store_dir) as store:
+        total = store.count()
         if not total:
             raise EmptyStore(f"the store {store_dir} holds no records: run `syncbn-harness run --store "
                              f"{store_dir}` first, or point --store at another directory")
-        cells = pd.DataFrame(index.tally(), columns=["build", "impl", "family", "status", "known_issue", "n"])
-        cells["known_issue"] = cells["known_issue"].astype(bool)
-        builds = pd.DataFrame(index.build_commits(), columns=["build", "torch_git_version"])
-        fails = Where(statuses=FAILING)
-        failing_total, failing_known = index.count(fails), index.count_known(fails)
-        failing = records_frame(index.latest(fails, order="failing", limit=MAX_FAILING))
-        confirmed = index.pairs(Where(statuses=FAILING, native=True))
+        cells = pd.DataFrame(store.tally(), columns=["build", "impl", "family", "status", "known_issue", "n"])
+        builds = pd.DataFrame(store.build_commits(), columns=["build", "torch_git_version"])
+        failing_total = store.count(Where(statuses=FAILING))
+        failing_known = store.count(Where(statuses=FAILING, known=True))
+        failing = records_frame(store.latest(Where(statuses=FAILING), order="failing", limit=MAX_FAILING))
+        confirmed = store.pairs(Where(statuses=FAILING, native=True))
         if not failing.empty:
             failing["confirmation"] = [
                 ("cpu-emulation, not yet confirmed on CUDA" if (impl, case) not in confirmed
                  else "cpu-emulation, confirmed on CUDA") if mode == "cpu-emulation" else ""
                 for impl, case, mode in zip(failing["impl"], failing["case"], failing["mode"])]
             failing = failing.sort_values(["known_issue", "severity_rank"], kind="stable")
-        compiled_total = index.count(Where(compiled=True))
-        compiled = records_frame(index.latest(Where(compiled=True), order="by-impl", limit=MAX_COMPILED))
+        compiled_total = store.count(Where(compiled=True))
+        compiled = records_frame(store.latest(Where(compiled=True), order="by-impl", limit=MAX_COMPILED))
         plots = {}
-        for impl in index.distinct("impl"):
-            sample = index.latest(Where(impl=impl, has_metrics=True), order="sample", limit=PLOT_SAMPLE)
-            plots[impl] = (metrics_frame(sample), len(sample), index.count(Where(impl=impl, has_metrics=True)))
-        modes = index.modes()
+        for impl in store.impls():
+            sample = store.sample(impl, PLOT_SAMPLE)
+            plots[impl] = (metrics_frame(sample), len(sample), store.count(Where(impl=impl, has_metrics=True)))
+        modes = store.modes()
     return Page(str(store_dir), total, cells, builds, failing, failing_total, failing_known, compiled,
                 compiled_total, plots, modes)
 
 
 def write_csv(store_dir, out: Path) -> list[Path]:
     """Per build, its latest records (one row each) and their compared tensors: one build in memory at a time."""
-    from harness.results.index import Where, refreshed
-
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    with refreshed(store_dir) as index:
-        for build in index.distinct("build"):
-            records = index.latest(Where(build=build), order="stored")
+    with Store(store_dir) as store:
+        for build, _ in sorted(store.build_commits()):
+            records = list(store.latest(Where(build=build)))
             for kind, frame in (("records", records_frame(records)), ("metrics", metrics_frame(records))):
                 path = out / f"{build}.{kind}.csv"
                 frame.to_csv(path, index=False, errors="backslashreplace")

@@ -1,4 +1,4 @@
-"""The results store: a directory of JSON Lines files, one per PyTorch build.
+"""The results store: a directory of JSON Lines files, one per PyTorch build, and the questions it answers.
 
 Layout: ``<store>/<build key>.jsonl``; the build key is the torch version, the
 first 12 digits of its git commit, the device and the backend, e.g.
@@ -16,48 +16,47 @@ Protocol:
   0 beside a local run) never interleave lines.
 - A writer killed mid-line leaves a torn tail without a newline; the next
   append starts on a fresh line, so the torn fragment stays a line of its own.
-- :func:`read_file` parses every line. A line that is not a JSON record (the
-  torn tail of a killed run) is dropped with a warning naming the line.
-  Records of a newer ``schema_version`` refuse the whole file with a message
+- Lines are read by :mod:`harness.results.reader` (the format's one reader): a
+  line that is not a JSON record (the torn tail of a killed run) is dropped;
+  records of a newer ``schema_version`` refuse the whole file with a message
   naming the harness release needed (:class:`StoreError`, exit 3); older ones
-  are migrated on read (:data:`MIGRATIONS`).
+  are migrated on read.
 - :meth:`Store.prepare` refuses, before any case runs, to append to a file
   that holds newer records, so a run never mixes formats and loses nothing.
 - Nothing is ever rewritten in place: the store is append-only. A build may
   hold several records of one (case, impl) (runs without ``--resume``); readers
-  that want one take the last (:func:`latest`). Only ``store compact``
+  read the last (:meth:`Store.latest`). Only ``store compact``
   (:mod:`harness.results.compaction`) drops the earlier ones, by writing a new
   file aside under the same lock and renaming it over the old.
+
+Questions: what readers want of a store (``run --resume``, ``report``,
+``diff``, ``gate``) is asked of :class:`Store` by name, over the latest record
+of each (build, impl, case): :meth:`Store.latest` (the records, in a named
+order), :meth:`Store.count`, :meth:`Store.tally`, :meth:`Store.sample` and a
+few more, each narrowed by a :class:`Where`. The store's index
+(:mod:`harness.results.index`, derived and deletable) answers them; it is
+opened at the first question and brought up to date once per :class:`Store`
+(only the one build's file when the question names a build), so a
+:class:`Store` that asks is closed after (``with Store(dir) as store``).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
-from harness import SCHEMA_VERSION, __version__
-from harness.errors import HarnessError, UsageError
+from harness import __version__
+from harness.errors import UsageError
+from harness.results.reader import StoreError, read_file
 from harness.results.records import Record
+from harness.results.where import Where
 
-log = logging.getLogger(__name__)
-
-# schema_version -> function migrating a record dict of that version to the next one.
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
-# The first harness release that writes each schema version (for the refusal message).
-HARNESS_FOR_SCHEMA = {1: "0.1.0"}
 LOCK_TIMEOUT_S = 60.0
-
-
-class StoreError(HarnessError):
-    """The store cannot be read or written (exit 3)."""
-
-
-class NotAResultsFile(UsageError):
-    """A file given as results holds none: not a run's JSON output, not a store file (exit 2)."""
+__all__ = ["LOCK_TIMEOUT_S", "Store", "StoreError", "Where", "build_key", "fsync_dir", "latest", "read_file",
+           "record_key"]
 
 
 _OVERLAY = re.compile(r"^overlay of ([0-9a-f]+) on (\S+)(?: \(approximate: .*\))?$")
@@ -86,6 +85,21 @@ class Store:
     def __init__(self, path: os.PathLike | str):
         self.path = Path(path)
         self._checked: set[Path] = set()  # files whose schema this writer has checked
+        self._index = None  # the index answering this store's questions, opened at the first one
+        self._fresh: set[Optional[str]] = set()  # what it has brought up to date: build keys, None for all
+
+    def close(self) -> None:
+        """Close the index the questions opened (if any)."""
+        if self._index is not None:
+            self._index.close()
+            self._index = None
+            self._fresh.clear()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _ensure_dir(self) -> None:
         try:
@@ -100,24 +114,27 @@ class Store:
         """The JSON Lines file of build ``key``."""
         return self.path / f"{key}.jsonl"
 
-    def prepare(self, key: str) -> list[Record]:
-        """Check, before a run, that records of build ``key`` can be appended here; return those it holds.
+    def prepare(self, key: str) -> None:
+        """Check, before a run, that records of build ``key`` can be appended here.
 
         Raises :class:`StoreError` if the directory is not writable or the
-        file holds records of a newer schema (nothing is written then). The
-        records come from the one read the check needs (``run --resume``
-        uses them: the store is read once per run).
+        file holds records of a newer schema, or a line that is not a record
+        (nothing is written then). The check brings the build's rows of the
+        index up to date (only what was appended since), so that ``run
+        --resume`` then reads its latest records (:meth:`latest`) without
+        reading the file again.
         """
         self._ensure_dir()
         target = self.file_for(key)
-        records: list[Record] = []
+        if target.exists() and not os.access(target, os.W_OK):
+            raise StoreError(f"store file {target} is not writable: fix its permissions or choose another "
+                             "store with --store DIR")
         if target.exists():
-            if not os.access(target, os.W_OK):
-                raise StoreError(f"store file {target} is not writable: fix its permissions or choose another "
-                                 "store with --store DIR")
-            records = read_file(target)  # raises on a newer schema
+            from harness.results.index import Index
+
+            with Index(self.path) as index:
+                index.update(only=key)  # raises on a newer schema, naming the release needed
         self._checked.add(target)
-        return records
 
     def append(self, record: Record) -> Path:
         """Append one record to its build's file, durably (one line, one write, fsync)."""
@@ -145,6 +162,7 @@ class Store:
                     os.close(fd)
                 if created:
                     fsync_dir(self.path)
+            self._fresh.difference_update({key, None})  # the next question reads this line too
         except Timeout:
             raise StoreError(f"store file {target} stayed locked for {LOCK_TIMEOUT_S:.0f}s ({lock}): another "
                              "process holds it; wait for it or remove a stale lock file") from None
@@ -187,6 +205,61 @@ class Store:
         raise UsageError(f"build {name!r} matches no build in {self.path}: choose one of {', '.join(builds)} "
                          "(or an unambiguous prefix)")
 
+    # ------------------------------------------------------------------ questions (answered by the index)
+
+    def _asked(self, build: Optional[str] = None):
+        """The index, brought up to date for a question: ``build``'s file only when it names one, else every
+        file; once per :class:`Store` (and again after this store appended)."""
+        from harness.results.index import Index
+
+        if self._index is None:
+            self._index = Index(self.path)
+        if None not in self._fresh and build not in self._fresh:
+            self._index.update(only=build)
+            self._fresh.add(build)
+        return self._index
+
+    def latest(self, where: Optional[Where] = None, *, order: str = "stored",
+               limit: Optional[int] = None) -> Iterator[Record]:
+        """The latest record of each (build, impl, case) matching ``where``: the last one appended (a re-run
+        supersedes earlier ones), in the named ``order`` (``stored``: as appended; ``failing``: known issues
+        last; ``by-impl``; ``sample``: out of tolerance first, then a fixed pseudo-random order), at most
+        ``limit``. Only these records are parsed; superseded ones never are."""
+        where = where or Where()
+        return self._asked(where.build).latest(where, order=order, limit=limit)
+
+    def count(self, where: Optional[Where] = None) -> int:
+        """How many latest records match ``where`` (all of them by default)."""
+        where = where or Where()
+        return self._asked(where.build).count(where)
+
+    def sample(self, impl: str, n: int) -> list[Record]:
+        """Up to ``n`` latest records of ``impl`` that compared tensors, those out of tolerance first, then a
+        pseudo-random order that is the same run after run (what a report plots)."""
+        return list(self.latest(Where(impl=impl, has_metrics=True), order="sample", limit=n))
+
+    def tally(self) -> list[tuple[str, str, str, str, bool, int]]:
+        """``(build, impl, family, status, known issue, count)`` over the latest records."""
+        return [(b, i, f, s, bool(k), n) for b, i, f, s, k, n in self._asked().tally()]
+
+    def build_commits(self) -> list[tuple[str, str]]:
+        """``(build key, torch_git_version)`` of every build that holds records."""
+        return self._asked().build_commits()
+
+    def pairs(self, where: Optional[Where] = None) -> set[tuple[str, str]]:
+        """The ``(impl, case)`` pairs of the latest records matching ``where``."""
+        where = where or Where()
+        return self._asked(where.build).pairs(where)
+
+    def impls(self) -> list[str]:
+        """The implementations the store holds records of, sorted."""
+        return self._asked().distinct("impl")
+
+    def modes(self) -> dict[str, str]:
+        """Each implementation's modes, comma-separated."""
+        return self._asked().modes()
+
+
 
 def _write_all(fd: int, data: bytes) -> None:
     while data:
@@ -214,105 +287,9 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def migrate(d: dict, source: str) -> dict:
-    """Bring a record dict to :data:`SCHEMA_VERSION`, or refuse one from a newer harness."""
-    version = d.get("schema_version", 1)
-    if not isinstance(version, int):
-        raise StoreError(f"{source}: schema_version {version!r} is not an integer; the file is not a "
-                         "syncbn-harness store")
-    if version > SCHEMA_VERSION:
-        writer = d.get("harness_version")
-        need = HARNESS_FOR_SCHEMA.get(version) or writer
-        how = f"{need} or later" if need else f"a release newer than {__version__} (one that reads schema {version})"
-        raise StoreError(f"{source} holds records of schema_version {version}"
-                         + (f" (written by syncbn-harness {writer})" if writer else "")
-                         + f", newer than this harness reads (syncbn-harness {__version__}, schema "
-                         f"{SCHEMA_VERSION}): upgrade syncbn-harness to {how}; the file is left untouched")
-    while version < SCHEMA_VERSION:
-        if version not in MIGRATIONS:
-            raise StoreError(f"{source}: no migration from schema_version {version} to {SCHEMA_VERSION} in "
-                             f"syncbn-harness {__version__}; re-run those builds into a fresh store")
-        d = MIGRATIONS[version](dict(d))
-        version = d["schema_version"]
-    return d
-
-
-def read_file(path: os.PathLike | str) -> list[Record]:
-    """Records of one JSON Lines file (or a JSON array as printed by ``run --format json``).
-
-    Lines that are not records (a torn tail left by a killed run) are dropped
-    with a warning; a record of a newer schema refuses the whole file.
-    """
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise StoreError(f"no such results file {path}: give a store .jsonl file or the output of "
-                         "`run --format json`") from None
-    except IsADirectoryError:
-        raise StoreError(f"{path} is a directory: give a store .jsonl file inside it") from None
-    except OSError as exc:
-        raise StoreError(f"cannot read {path}: {exc.strerror}") from None
-    if data.lstrip().startswith(b"["):
-        return _read_array(path, data)
-    lines = data.split(b"\n")
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
-    out, dropped = [], []
-    for i, raw in enumerate(lines):
-        if not raw.strip():
-            continue
-        try:
-            d = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            d = None
-        if not isinstance(d, dict) or "status" not in d or "case" not in d:
-            dropped.append((i, raw))
-            continue
-        out.append(_record(d, path, i + 1))
-    if dropped and not out:
-        i, raw = dropped[0]
-        raise NotAResultsFile(f"{path} is not a run's JSON output (`syncbn-harness run --format json`) or a store "
-                         f".jsonl file: line {i + 1} is {raw[:60]!r}")
-    for i, raw in dropped:
-        where = "torn last line" if i == last else f"corrupt line {i + 1}"
-        _warn_once(path, f"{where} {raw[:60]!r}", "a run killed mid-write leaves one")
-    return out
-
-
-_warned: set[tuple[str, str]] = set()
-
-
-def _warn_once(path: Path, what: str, why: str) -> None:
-    """Log a dropped line once per process, however often the file is read."""
-    key = (str(Path(path).resolve()), what)
-    if key not in _warned:
-        _warned.add(key)
-        log.warning("%s: dropping %s (%s)", path, what, why)
-
-
-def _read_array(path: Path, data: bytes) -> list[Record]:
-    try:
-        items = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise StoreError(f"{path} is not valid JSON ({exc}); expected the output of `run --format json` "
-                         "or a store .jsonl file") from None
-    if not isinstance(items, list) or not all(isinstance(d, dict) for d in items):
-        raise StoreError(f"{path}: expected a JSON array of records, as printed by `run --format json`")
-    return [_record(d, path, i + 1) for i, d in enumerate(items)]
-
-
-def _record(d: dict, path: Path, where: int) -> Record:
-    d = migrate(d, str(path))
-    try:
-        return Record.from_dict(d)
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise StoreError(f"{path}: record {where} is not a syncbn-harness record ({type(exc).__name__}: {exc}); the "
-                         f"file's other records are intact: fix or delete that line, or move the file out of the "
-                         "store") from None
-
-
 def latest(records: Iterable[Record]) -> list[Record]:
-    """One record per (build, impl, case): the last one appended (a re-run supersedes earlier ones)."""
+    """One record per (build, impl, case) of a list read from a file that is not a store (a baseline, a run's
+    JSON output, :meth:`Store.read`'s every record): the last one, as :meth:`Store.latest` takes it."""
     out: dict[tuple[str, str, str], Record] = {}
     for r in records:
         key = (record_key(r), r.impl, r.case)

@@ -20,7 +20,7 @@ import pytest
 from harness.buildinfo import build_info
 from harness.judge.metric import Metric
 from harness.results import fingerprint
-from harness.results.diff import COLLECTIVES, FIXED, GROWTH, NEW_FAILURE, SAME, STATUS_CHANGE, GrowthRule, compare
+from harness.results.diff import COLLECTIVES, FIXED, GROWTH, NEW_FAILURE, SAME, STATUS_CHANGE, GrowthRule, changes
 from harness.results.gate import evaluate, format_result, junit_rows
 from harness.results.records import RankOutcome, RankStatus, Record, Status
 from harness.results.store import Store, build_key
@@ -166,12 +166,12 @@ def test_compare_classifies_every_kind_of_change():
     after = [make("a/pass-to-crash/ws2", Status.CRASH), make("a/fixed/ws2", Status.PASS),
              make("a/crash-to-hang/ws2", Status.HANG), make("a/grew/ws2", Status.PASS, 0.5),
              make("a/noise/ws2", Status.PASS, 9e-4), make("a/new/ws2", Status.MISMATCH, 2.0)]
-    changes = {c.case: c for c in compare(before, after)}
-    assert {k: c.kind for k, c in changes.items()} == {
+    found = {c.case: c for c in changes(before, after)}
+    assert {k: c.kind for k, c in found.items()} == {
         "a/pass-to-crash/ws2": NEW_FAILURE, "a/fixed/ws2": FIXED, "a/crash-to-hang/ws2": STATUS_CHANGE,
         "a/grew/ws2": GROWTH, "a/noise/ws2": SAME, "a/gone/ws2": "only in A", "a/new/ws2": "only in B"}
-    assert {k for k, c in changes.items() if c.regression} == {"a/pass-to-crash/ws2", "a/grew/ws2"}
-    assert "worst err/tol 0.05 -> 0.5 (x10)" in changes["a/grew/ws2"].describe()
+    assert {k for k, c in found.items() if c.regression} == {"a/pass-to-crash/ws2", "a/grew/ws2"}
+    assert "worst err/tol 0.05 -> 0.5 (x10)" in found["a/grew/ws2"].describe()
 
 
 def test_growth_rule_needs_both_the_factor_and_the_floor():
@@ -240,14 +240,14 @@ def test_a_change_of_the_collectives_is_its_own_kind_and_fails_the_gate_only_if_
              said(make("a/renamed/ws2", Status.PASS), [gather(op="all_gather_single")], [gather()]),
              said(make("a/same/ws2", Status.PASS), two, two),
              said(make("a/unknown/ws2", Status.PASS), two, two)]
-    changes = {c.case: c for c in compare(before, after)}
-    assert {k: c.kind for k, c in changes.items()} == {
+    found = {c.case: c for c in changes(before, after)}
+    assert {k: c.kind for k, c in found.items()} == {
         "a/more/ws2": COLLECTIVES, "a/renamed/ws2": COLLECTIVES, "a/same/ws2": SAME, "a/unknown/ws2": SAME}
-    assert changes["a/more/ws2"].describe() == (
+    assert found["a/more/ws2"].describe() == (
         "pass -> pass, collectives rank 0: 2 -> 3 collectives; #2 none -> all_reduce float32[10] @[0, 1]")
     assert "#0 all_gather float32[11] @[0, 1] -> all_gather_single float32[11] @[0, 1]" in \
-        changes["a/renamed/ws2"].describe()
-    assert not any(c.regression for c in changes.values())
+        found["a/renamed/ws2"].describe()
+    assert not any(c.regression for c in found.values())
     reported = evaluate(before, after)
     assert reported.exit_code == 0 and len(reported.collectives_changed) == 2
     assert "gate: 0 regressions, 2 with other collectives (reported, not failing), pass (exit 0)" in \

@@ -13,7 +13,7 @@ from harness.results.index import Index, refreshed
 from harness.results.records import Record, Status
 from harness.results.page import MAX_FAILING
 from harness.results.report import write_report
-from harness.results.store import Store, build_key, StoreError
+from harness.results.store import Store, StoreError, Where, build_key, latest
 
 GIT = "cf30153c4c131c8164ee7798e5022d810682e2cb"
 
@@ -25,9 +25,9 @@ def record(case: str, status: Status = Status.PASS, impl: str = "torch", message
 
 
 def latest_rows(store_dir) -> list[tuple]:
-    with refreshed(store_dir) as index:
+    with Store(store_dir) as store:
         return sorted((build_key(r.torch_version, r.torch_git_version, r.device, r.backend), r.impl, r.case,
-                       r.status.value) for r in index.latest())
+                       r.status.value) for r in store.latest())
 
 
 def test_updates_read_only_what_was_appended_and_rebuild_what_was_replaced(tmp_path):
@@ -97,37 +97,59 @@ def test_the_report_stays_small_and_says_what_it_leaves_out(tmp_path):
 
 
 def test_one_builds_latest_records_read_through_the_index_touch_only_that_file(tmp_path):
-    from harness.results.index import latest_of_build
-
     store = Store(tmp_path / "store")
     for git in (GIT, "f" * 40):
         for run, status in enumerate((Status.PASS, Status.MISMATCH)):
             for i in range(3):
                 store.append(record(f"module-config/c{i}/ws2", status, message=f"run {run}", git=git))
     key = "2.13.0+cpu-cf30153c4c13-cpu-gloo"
-    got = latest_of_build(store.path, key)
+    with Store(store.path) as reader:
+        got = list(reader.latest(Where(build=key)))
+        assert reader.count(Where(build=key, statuses=("mismatch",))) == 3
     assert [(r.case, r.message) for r in got] == [(f"module-config/c{i}/ws2", "run 1") for i in range(3)]
     with Index(store.path) as index:
         assert index.db.execute("SELECT name FROM files").fetchall() == [(f"{key}.jsonl",)]
 
 
-def test_the_index_answers_counts_and_reads_by_condition_without_sql_outside_it(tmp_path):
-    from harness.results.index import Where
+def test_the_store_and_a_list_of_its_records_agree_on_the_latest(tmp_path):
+    store = Store(tmp_path / "store")
+    for run in range(3):
+        for git in (GIT, "f" * 40):
+            for i in range(4 - run):
+                store.append(record(f"module-config/c{i}/ws2", message=f"run {run}", git=git,
+                                    impl=("torch", "reference")[i % 2]))
+    with Store(store.path) as reader:
+        from_index = [r.to_dict() for r in reader.latest()]
+        assert reader.count() == len(from_index) == 8
+    assert from_index == [r.to_dict() for r in latest(store.read())]
+    # Appending through the same Store object: its next question reads the new line too.
+    with Store(store.path) as same:
+        assert same.count() == 8
+        same.append(record("module-config/c9/ws2", git=GIT))
+        assert same.count() == 9 and same.count(Where(build="2.13.0+cpu-cf30153c4c13-cpu-gloo")) == 5
 
+
+def test_the_store_answers_counts_and_reads_by_condition_without_sql_outside_the_index(tmp_path):
     store = Store(tmp_path / "store")
     for i, status in enumerate([Status.PASS, Status.MISMATCH, Status.CRASH, Status.PASS]):
         store.append(record(f"module-config/c{i}/ws2", status=status, impl="torch" if i % 2 else "reference"))
     store.append(record("module-config/c1/ws2", status=Status.PASS, impl="torch"))  # supersedes the mismatch
-    with refreshed(store.path) as index:
-        assert index.count() == 4
-        assert index.count(Where(statuses=("mismatch", "crash"))) == 1
-        assert index.count(Where(impl="torch")) == 2 and index.distinct("impl") == ["reference", "torch"]
-        assert [r.case for r in index.latest(Where(impl="reference"), order="by-impl")] == [
+    with Store(store.path) as asked:
+        assert asked.count() == 4
+        assert asked.count(Where(statuses=("mismatch", "crash"))) == 1
+        assert asked.count(Where(impl="torch")) == 2 and asked.impls() == ["reference", "torch"]
+        assert [r.case for r in asked.latest(Where(impl="reference"), order="by-impl")] == [
             "module-config/c0/ws2", "module-config/c2/ws2"]
-        assert len(index.latest(limit=3)) == 3
-        assert index.pairs(Where(statuses=("crash",))) == {("reference", "module-config/c2/ws2")}
-        with pytest.raises(ValueError, match="impl or build"):
-            index.distinct("status")
+        assert len(list(asked.latest(limit=3))) == 3
+        assert asked.sample("torch", 5) == []  # none of them compared a tensor
+        assert asked.pairs(Where(statuses=("crash",))) == {("reference", "module-config/c2/ws2")}
+        assert asked.count(Where(known=True)) == 0
+        assert sorted(asked.tally())[0] == ("2.13.0+cpu-cf30153c4c13-cpu-gloo", "reference", "module-config",
+                                            "crash", False, 1)
+        with pytest.raises(ValueError, match="order 'worst'"):
+            asked.latest(order="worst")
+    with refreshed(store.path) as index, pytest.raises(ValueError, match="impl or build"):
+        index.distinct("status")
     import harness
 
     root = Path(harness.__file__).parent

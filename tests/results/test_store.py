@@ -22,6 +22,7 @@ import pytest
 from proctools import wait_until
 
 from harness import SCHEMA_VERSION, __version__
+from harness.results import reader as reader_mod
 from harness.results import store as store_mod
 from harness.buildinfo import build_info
 from harness.judge.metric import Metric
@@ -140,8 +141,8 @@ def test_an_older_schema_is_migrated_on_read(tmp_path, monkeypatch):
         d["schema_version"] = 2
         return d
 
-    monkeypatch.setattr(store_mod, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(store_mod.MIGRATIONS, 1, v1_to_v2)
+    monkeypatch.setattr(reader_mod, "SCHEMA_VERSION", 2)
+    monkeypatch.setitem(reader_mod.MIGRATIONS, 1, v1_to_v2)
     [record] = read_file(path)
     assert record.message == "a message the migration must carry over" and record.schema_version == 2
 
@@ -307,7 +308,7 @@ def test_a_file_of_no_records_says_what_it_should_have_been(tmp_path):
     garbage.write_text("this is a CI log, not results\nline two\n")
     expected = (r"is not a run's JSON output \(`syncbn-harness run --format json`\) or a store \.jsonl file: line 1 "
                 r"is b'this is a CI log")
-    with pytest.raises(store_mod.NotAResultsFile, match=expected):
+    with pytest.raises(reader_mod.NotAResultsFile, match=expected):
         read_file(garbage)
 
 
