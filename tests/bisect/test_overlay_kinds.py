@@ -8,6 +8,7 @@ it is the installed torch; compiled files are stand-ins nothing compiles. A test
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shlex
@@ -126,6 +127,15 @@ def test_a_compiled_culprit_on_the_path_is_named_with_the_commands_that_build_on
                          capture_output=True, text=True, timeout=120, env={**os.environ, **IDENT})
     assert f"{shas[3]} is the first bad commit" in out.stdout, (out.stdout, out.stderr)
     assert (tmp_path / "built").read_text().count("built") == 1
+    # As JSON (the verdict cached): the suspects and the commands, no bisection made up.
+    proc = subprocess.run([*proc.args, "--format", "json"], capture_output=True, text=True, timeout=600, env=env,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert (got["kind"], got["first_bad_commit"], got["first_bad_candidates"]) == ("compiled", None, [shas[3]])
+    assert got["suspects"] == [{"commit": shas[3], "subject": "cuda: batch_norm_elemt reads the wrong invstd",
+                                "files": [CUH]}]
+    assert got["commands"][-1] == "git bisect run ./bisect-step.py" and got["stats"]["cached"] == 1
 
 
 @pytest.mark.sweep(29)
