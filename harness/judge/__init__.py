@@ -2,6 +2,7 @@
 
 - :mod:`~harness.judge.oracle`: batch normalization over the global batch, exactly, in float64;
 - :mod:`~harness.judge.compare`: the tolerance policy (in one place) and the comparison of every tensor;
+- :mod:`~harness.judge.network_budget`: the budget of a whole network's tensors, from the same constants;
 - :mod:`~harness.judge.metric`: what a comparison says of one tensor (plain data, no torch);
 - :mod:`~harness.judge.metric_key`: the name of a judged quantity (step, phase, tensor, rank), built and read here;
 - :mod:`~harness.judge.elementwise`: one tensor against its truth, elementwise, under a final tolerance;

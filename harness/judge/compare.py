@@ -1,6 +1,7 @@
 """Judgement: one implementation's tensors against the float64 oracle.
 
-The tolerance policy lives here and only here; every tolerance leaves this
+The tolerance policy of a layer's tensors lives here and only here (a whole
+network's, built from the same constants, in :mod:`harness.judge.network_budget`); every tolerance leaves this
 module final (already multiplied by the safety factor ``K``), and
 :func:`compare_tensor` applies it as given.
 
@@ -204,100 +205,141 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict],
     (``{step: {"grad_weight", "grad_weight_eval", "grad_bias"}}``, lists), the
     terms :func:`sum_tolerance_of` adds up over the ranks.
     """
-    b = Budget(case)
-    fmt = MEMORY_FORMATS[case.memory_format]
+    step = _StepJudge(case, Budget(case), data, rank)
     out: list[tuple[str, Metric]] = []
-    w = data.weight.double() if case.affine else torch.ones(case.channels, dtype=torch.float64)
-    bias = data.bias.double() if case.affine else torch.zeros(case.channels, dtype=torch.float64)
-    running = b.running(truths, rank)  # unscaled running-statistics budgets before and after each step
+    running = step.budget.running(truths, rank)  # unscaled running-statistics budgets before and after each step
     shares: list = []  # per step: this rank's true grad_weight/grad_bias shares and their unscaled budgets
     for s, (truth, obs) in enumerate(zip(truths, observed)):
-        x, dy = data.inputs[s][rank], data.grad_outputs[s][rank]  # widened to float64 a batch slice at a time
-        mu, invstd, N = truth.mean[rank], truth.invstd[rank], truth.count[rank]
-        train = truth.kind == "train"
-        rm_tol, rv_tol = running[s][0]
-        sf = b.stats_factor(mu, invstd)
-        # Batch statistics (a reduction over N) normalize in training, and in eval without running statistics.
-        g_N = gamma(N) if train or not case.track_running_stats else 1.0
-        if truth.rank_abs_dy and truth.rank_abs_dy[rank] is not None:  # the oracle summed them already
-            sums = ShareSums(truth.rank_abs_dy[rank], truth.rank_abs_dy_xhat[rank])
-        else:
-            sums = share_sums(x, dy, mu, invstd) if case.affine or obs is not None else None
+        step.at(s, truth, running[s])
         if case.affine:
-            gw_share = b.grad_weight_share(x, dy, mu, invstd, g_N, sums)
-            # Eval normalizes with the implementation's running statistics: carry their budget.
-            gw_eval = b.eval_grad_weight(x, dy, mu, invstd, running[s][0], sums) \
-                if not train and case.track_running_stats else None
-            gb_share = b.grad_bias_share(x, dy, sums)
-            shares.append((truth.grad_weight[rank], truth.grad_bias[rank],
-                           gw_share if gw_eval is None else gw_share + gw_eval, gb_share))
-            if budgets is not None:
-                budgets[str(s)] = {"grad_weight": gw_share.tolist(), "grad_bias": gb_share.tolist(),
-                                   "grad_weight_eval": None if gw_eval is None else gw_eval.tolist()}
+            shares.append(step.shares(budgets))
         if obs is None:
             continue  # this rank takes no part in the step (evaluation on rank 0 alone)
-        # Each tolerance is a per-channel combination of elementwise magnitudes with K and the unit roundoffs
-        # folded into per-channel coefficients, built in place a batch slice at a time as the comparison asks
-        # for it (a large case's judgement is mostly elementwise passes over float64 tensors).
-        # Output: u_in (|y| + |w| |xhat| + |b|) + u_a g_N |w| sf (1 + |xhat|).
-        y = truth.output[rank]
-        w_abs = w.abs()
-        c_round = b.u_a * g_N * w_abs * sf
-        coef_xhat = b.u_in * w_abs + c_round
-        coef_one = b.u_in * bias.abs() + c_round
-        if not train and rm_tol is not None:
-            # Eval normalizes with the implementation's running statistics: carry their budget, x (1 + |xhat|).
-            c_running = w_abs * invstd * (rm_tol + 0.5 * rv_tol * invstd)
-            coef_xhat, coef_one = coef_xhat + c_running, coef_one + c_running
-        tol_y = partial(_output_tolerance, y=y, x=x, mu=mu, invstd=invstd, c_y=K * b.u_in,
-                        c_xhat=_chan(K * coef_xhat, x), c_one=_chan(K * coef_one, x))
         key = partial(step_key, s, truth.kind)
-        expected_format = fmt if obs.get("layout_checked", True) else None
-        out.append((key("output"), compare_tensor(obs["output"], y, tol_y, dtype=b.dtype,
-                                                     memory_format=expected_format)))
+        out.append((key("output"), step.output(obs)))
         grads = obs.get("grads", "own")  # own | none (no backward) | deferred (a later step's) | accumulated
         if grads != "none":
-            if truth.mean_abs_dy and truth.mean_abs_dy[rank] is not None:
-                # Means over the values normalized together (the normalization's N), from the oracle.
-                mean_abs_dy, mean_abs_dyx = truth.mean_abs_dy[rank], truth.mean_abs_dy_xhat[rank]
-            elif x.numel():
-                # No group means given: this rank's share as an estimate.
-                n = x.numel() // x.shape[1]
-                mean_abs_dy, mean_abs_dyx = sums.abs_dy / n, sums.abs_dy_xhat / n
-            else:
-                mean_abs_dy = mean_abs_dyx = torch.zeros(case.channels, dtype=torch.float64)
-            # (u_in + u_a g_N sf) |w| invstd D + u_in |dx|, D = |dy| + mean|dy| + |xhat| mean|dy xhat|
-            coef = (b.u_in + b.u_a * g_N * sf) * w_abs * invstd
-            coef_dy = coef
-            if not train and rm_tol is not None:
-                coef_dy = coef + w_abs * 0.5 * rv_tol * invstd ** 3  # the running variance's budget, x |dy|
-            tol_dx = partial(_grad_input_tolerance, gin=truth.grad_input[rank], x=x, dy=dy, mu=mu, invstd=invstd,
-                             c_gin=K * b.u_in, c_dy=_chan(K * coef_dy, x), c_xhat=_chan(K * coef * mean_abs_dyx, x),
-                             c_one=_chan(K * coef * mean_abs_dy, x))
-            out.append((key("grad_input"), compare_tensor(obs["grad_input"], truth.grad_input[rank], tol_dx,
-                                                             dtype=b.dtype)))
+            out.append((key("grad_input"), step.grad_input(obs)))
         if case.affine and grads in ("own", "accumulated"):
-            steps = obs.get("grad_steps") or [s]
-            true_gw = sum(shares[i][0] for i in steps)
-            true_gb = sum(shares[i][1] for i in steps)
-            tol_gw = sum(shares[i][2] for i in steps) + b.u_p * true_gw.abs()
-            tol_gb = sum(shares[i][3] for i in steps) + b.u_p * true_gb.abs()
-            out.append((key("grad_weight"), compare_tensor(obs["grad_weight"], true_gw, K * tol_gw,
-                                                              dtype=b.pdtype)))
-            out.append((key("grad_bias"), compare_tensor(obs["grad_bias"], true_gb, K * tol_gb, dtype=b.pdtype)))
+            out += [(key(name), metric) for name, metric in step.parameters(obs, shares)]
         if case.track_running_stats:
-            rm_true, rv_true = truth.running_mean[rank], truth.running_var[rank]
-            rm_tol, rv_tol = running[s][1]
-            out.append((key("running_mean"), compare_tensor(obs["running_mean"], rm_true, K * rm_tol,
-                                                               dtype=b.pdtype)))
-            out.append((key("running_var"), compare_tensor(obs["running_var"], rv_true, K * rv_tol,
-                                                              dtype=b.pdtype)))
-            got_nbt = obs.get("num_batches_tracked")
-            want = truth.num_batches_tracked[rank]
-            if got_nbt != want:
-                out.append((key("num_batches_tracked"),
-                            Metric.failure(f"num_batches_tracked {got_nbt}, expected {want}")))
+            out += [(key(name), metric) for name, metric in step.buffers(obs)]
     return out
+
+
+class _StepJudge:
+    """One rank's judgement of one step at a time (:meth:`at`), a tensor per method.
+
+    Each tolerance is a per-channel combination of elementwise magnitudes with K and the unit roundoffs folded
+    into per-channel coefficients, built in place a batch slice at a time as the comparison asks for it (a large
+    case's judgement is mostly elementwise passes over float64 tensors).
+    """
+
+    def __init__(self, case: Case, budget: Budget, data, rank: int):
+        self.case, self.budget, self.data, self.rank = case, budget, data, rank
+        self.format = MEMORY_FORMATS[case.memory_format]
+        self.w = data.weight.double() if case.affine else torch.ones(case.channels, dtype=torch.float64)
+        self.bias = data.bias.double() if case.affine else torch.zeros(case.channels, dtype=torch.float64)
+
+    def at(self, s: int, truth, running: tuple) -> None:
+        """Move to step ``s``: its truth and the running statistics' unscaled budgets (before, after) it."""
+        case, rank, b = self.case, self.rank, self.budget
+        self.s, self.truth, self.running = s, truth, running
+        # Widened to float64 a batch slice at a time where they are used.
+        self.x, self.dy = self.data.inputs[s][rank], self.data.grad_outputs[s][rank]
+        self.mu, self.invstd, N = truth.mean[rank], truth.invstd[rank], truth.count[rank]
+        self.train = truth.kind == "train"
+        self.sf = b.stats_factor(self.mu, self.invstd)
+        # Batch statistics (a reduction over N) normalize in training, and in eval without running statistics.
+        self.g_N = gamma(N) if self.train or not case.track_running_stats else 1.0
+        self._sums = ShareSums(truth.rank_abs_dy[rank], truth.rank_abs_dy_xhat[rank]) \
+            if truth.rank_abs_dy and truth.rank_abs_dy[rank] is not None else None  # the oracle summed them already
+
+    @property
+    def sums(self) -> ShareSums:
+        """This rank's sums of |dy| and |dy xhat| at this step (from the oracle, else summed once when asked)."""
+        if self._sums is None:
+            self._sums = share_sums(self.x, self.dy, self.mu, self.invstd)
+        return self._sums
+
+    def shares(self, budgets: Optional[dict]) -> tuple:
+        """This rank's true grad_weight and grad_bias shares at this step and their unscaled budgets (written to
+        ``budgets`` too, when given)."""
+        b, x, dy, mu, invstd = self.budget, self.x, self.dy, self.mu, self.invstd
+        gw_share = b.grad_weight_share(x, dy, mu, invstd, self.g_N, self.sums)
+        # Eval normalizes with the implementation's running statistics: carry their budget.
+        gw_eval = b.eval_grad_weight(x, dy, mu, invstd, self.running[0], self.sums) \
+            if not self.train and self.case.track_running_stats else None
+        gb_share = b.grad_bias_share(x, dy, self.sums)
+        if budgets is not None:
+            budgets[str(self.s)] = {"grad_weight": gw_share.tolist(), "grad_bias": gb_share.tolist(),
+                                    "grad_weight_eval": None if gw_eval is None else gw_eval.tolist()}
+        return (self.truth.grad_weight[self.rank], self.truth.grad_bias[self.rank],
+                gw_share if gw_eval is None else gw_share + gw_eval, gb_share)
+
+    def output(self, obs: dict) -> Metric:
+        """Output: u_in (|y| + |w| |xhat| + |b|) + u_a g_N |w| sf (1 + |xhat|)."""
+        b, x = self.budget, self.x
+        y = self.truth.output[self.rank]
+        w_abs = self.w.abs()
+        c_round = b.u_a * self.g_N * w_abs * self.sf
+        coef_xhat = b.u_in * w_abs + c_round
+        coef_one = b.u_in * self.bias.abs() + c_round
+        rm_tol, rv_tol = self.running[0]
+        if not self.train and rm_tol is not None:
+            # Eval normalizes with the implementation's running statistics: carry their budget, x (1 + |xhat|).
+            c_running = w_abs * self.invstd * (rm_tol + 0.5 * rv_tol * self.invstd)
+            coef_xhat, coef_one = coef_xhat + c_running, coef_one + c_running
+        tol = partial(_output_tolerance, y=y, x=x, mu=self.mu, invstd=self.invstd, c_y=K * b.u_in,
+                      c_xhat=_chan(K * coef_xhat, x), c_one=_chan(K * coef_one, x))
+        expected_format = self.format if obs.get("layout_checked", True) else None
+        return compare_tensor(obs["output"], y, tol, dtype=b.dtype, memory_format=expected_format)
+
+    def grad_input(self, obs: dict) -> Metric:
+        """(u_in + u_a g_N sf) |w| invstd D + u_in |dx|, D = |dy| + mean|dy| + |xhat| mean|dy xhat|."""
+        b, x, truth, rank = self.budget, self.x, self.truth, self.rank
+        if truth.mean_abs_dy and truth.mean_abs_dy[rank] is not None:
+            # Means over the values normalized together (the normalization's N), from the oracle.
+            mean_abs_dy, mean_abs_dyx = truth.mean_abs_dy[rank], truth.mean_abs_dy_xhat[rank]
+        elif x.numel():
+            # No group means given: this rank's share as an estimate.
+            n = x.numel() // x.shape[1]
+            mean_abs_dy, mean_abs_dyx = self.sums.abs_dy / n, self.sums.abs_dy_xhat / n
+        else:
+            mean_abs_dy = mean_abs_dyx = torch.zeros(self.case.channels, dtype=torch.float64)
+        coef = (b.u_in + b.u_a * self.g_N * self.sf) * self.w.abs() * self.invstd
+        coef_dy = coef
+        rm_tol, rv_tol = self.running[0]
+        if not self.train and rm_tol is not None:
+            coef_dy = coef + self.w.abs() * 0.5 * rv_tol * self.invstd ** 3  # the running variance's budget, x |dy|
+        tol = partial(_grad_input_tolerance, gin=truth.grad_input[rank], x=x, dy=self.dy, mu=self.mu,
+                      invstd=self.invstd, c_gin=K * b.u_in, c_dy=_chan(K * coef_dy, x),
+                      c_xhat=_chan(K * coef * mean_abs_dyx, x), c_one=_chan(K * coef * mean_abs_dy, x))
+        return compare_tensor(obs["grad_input"], truth.grad_input[rank], tol, dtype=b.dtype)
+
+    def parameters(self, obs: dict, shares: list) -> list[tuple[str, Metric]]:
+        """grad_weight and grad_bias: the sums of the shares of the steps whose backward this one ran."""
+        b = self.budget
+        steps = obs.get("grad_steps") or [self.s]
+        true_gw = sum(shares[i][0] for i in steps)
+        true_gb = sum(shares[i][1] for i in steps)
+        tol_gw = sum(shares[i][2] for i in steps) + b.u_p * true_gw.abs()
+        tol_gb = sum(shares[i][3] for i in steps) + b.u_p * true_gb.abs()
+        return [("grad_weight", compare_tensor(obs["grad_weight"], true_gw, K * tol_gw, dtype=b.pdtype)),
+                ("grad_bias", compare_tensor(obs["grad_bias"], true_gb, K * tol_gb, dtype=b.pdtype))]
+
+    def buffers(self, obs: dict) -> list[tuple[str, Metric]]:
+        """running_mean and running_var under their budgets after this step; num_batches_tracked exactly."""
+        b, truth, rank = self.budget, self.truth, self.rank
+        rm_tol, rv_tol = self.running[1]
+        out = [("running_mean", compare_tensor(obs["running_mean"], truth.running_mean[rank], K * rm_tol,
+                                               dtype=b.pdtype)),
+               ("running_var", compare_tensor(obs["running_var"], truth.running_var[rank], K * rv_tol,
+                                              dtype=b.pdtype))]
+        got, want = obs.get("num_batches_tracked"), truth.num_batches_tracked[rank]
+        if got != want:
+            out.append(("num_batches_tracked", Metric.failure(f"num_batches_tracked {got}, expected {want}")))
+        return out
 
 
 def _output_tolerance(a: int, e: int, *, y, x, mu, invstd, c_y: float, c_xhat, c_one) -> torch.Tensor:
@@ -371,25 +413,3 @@ def judge_sums(sum_truth: dict, shares: list[dict]) -> list[tuple[str, Metric]]:
             m = compare_tensor(got, true, torch.tensor(t["tol"], dtype=torch.float64))
             out.append((sum_key(step, which), m))
     return out
-
-
-def network_tolerance(truth: torch.Tensor, case: Case, reduction: int, depth: int, step: int,
-                      normwise: bool = False) -> torch.Tensor:
-    """Model tensors: K (u_in + u_a gamma(N)) depth (step + 1) (|t| + mean|t|), elementwise.
-
-    A network's result passes through ``depth`` layers, each rounding its output to the input dtype (u_in)
-    and reducing at most ``N`` terms in the accumulation dtype (u_a), and ``step + 1`` updates;
-    ``mean|t|`` keeps elements near 0 from getting no budget. Defects move results by percent; this budget
-    is 1e-5 relative for float32 networks of a few layers, 1e-2 for half inputs. ``normwise``: every element
-    gets the budget of the tensor's largest, ``max|t|`` in place of ``|t| + mean|t|`` (autocast, where every
-    product in a reduction is rounded to 8 or 11 bits and an element that cancels keeps their error).
-    """
-    both64 = case.dtype == "float64" and case.param_dtype == "float64"
-    u_a = UNIT_ROUNDOFF[torch.float64 if both64 else torch.float32]
-    u_in = UNIT_ROUNDOFF[DTYPES[case.dtype]]
-    t = truth.abs()
-    if normwise:
-        scale = torch.full_like(t, float(t.max()) if t.numel() else 0.0)
-    else:
-        scale = t + (t.mean() if t.numel() else 0.0)
-    return K * (u_in + u_a * gamma(reduction)) * depth * (step + 1) * scale

@@ -158,6 +158,30 @@ def _normalize(x: Tensor, dy: Tensor, mean: Tensor, invstd: Tensor, w: Tensor, b
     return out, gin
 
 
+@dataclass(frozen=True)
+class _Layer:
+    """The layer's settings the oracle needs at every step, in float64 where they are numbers."""
+
+    channels: int
+    eps: float
+    momentum: Optional[float]
+    affine: bool
+    track_running_stats: bool
+    weight: Tensor
+    bias: Tensor
+    param_dtype: torch.dtype
+    ranks: Optional[Sequence[int]]  # whose output and grad_input are wanted (None: every rank's)
+
+
+@dataclass
+class _Buffers:
+    """Each rank's running statistics between steps (ranks of different groups track different ones)."""
+
+    mean: list
+    var: list
+    tracked: list
+
+
 def run_oracle(
     inputs: Sequence[Sequence[Tensor]],
     grad_outputs: Sequence[Sequence[Tensor]],
@@ -194,99 +218,106 @@ def run_oracle(
         raise ValueError(f"groups {groups} must partition ranks 0..{world - 1}")
     C = num_features
     f64 = torch.float64
-    w = weight.detach().to(f64) if affine and weight is not None else torch.ones(C, dtype=f64)
-    b = bias.detach().to(f64) if affine and bias is not None else torch.zeros(C, dtype=f64)
-
-    def buffer(v: Optional[Tensor], default: float) -> Tensor:
-        t = v.detach().to(f64) if v is not None else torch.full((C,), default, dtype=f64)
-        return t.to(param_dtype).to(f64)
-
-    # Buffers per rank: ranks of different groups track different statistics.
-    rm = [buffer(running_mean, 0.0) for _ in range(world)] if track_running_stats else [None] * world
-    rv = [buffer(running_var, 1.0) for _ in range(world)] if track_running_stats else [None] * world
-    nbt = [0] * world if track_running_stats else [None] * world
-
+    layer = _Layer(C, eps, momentum, affine, track_running_stats,
+                   weight.detach().to(f64) if affine and weight is not None else torch.ones(C, dtype=f64),
+                   bias.detach().to(f64) if affine and bias is not None else torch.zeros(C, dtype=f64),
+                   param_dtype, ranks)
+    buffers = _initial_buffers(layer, world, running_mean, running_var)
     truths = []
     for s, step in enumerate(steps):
         if step not in STEP_KINDS:
             raise ValueError(f"unknown step {step!r}: steps are {', '.join(STEP_KINDS)}")
         kind = STEP_KINDS[step]  # what the normalization does: batch statistics ("train") or running ones
-        xs, dys = inputs[s], grad_outputs[s]
-        out: list = [None] * world
-        gin: list = [None] * world
-        gw: list = [None] * world
-        gb: list = [None] * world
-        means: list = [None] * world
-        invstds: list = [None] * world
-        counts: list = [0] * world
-        abs_dy: list = [None] * world
-        abs_dy_xhat: list = [None] * world
-        rank_abs_dy: list = [None] * world
-        rank_abs_dy_xhat: list = [None] * world
-        use_batch = kind == "train" or not track_running_stats
-        raises = None
+        truth = _blank(kind, world)
         for group in groups:
-            sync = kind == "train"
             # Statistics: over the whole group in training, per rank when eval lacks buffers.
-            units = [group] if sync else [[r] for r in group]
-            for unit in units:
-                n = sum(xs[r].numel() // C for r in unit)
-                if kind == "train" and n == 1:
-                    raises = ONE_VALUE
-                if use_batch:
-                    mean = sum(channel_sum(xs[r]) for r in unit) / n if n else torch.zeros(C, dtype=f64)
-                else:
-                    mean, var = rm[unit[0]], rv[unit[0]]
-                # Every other per-channel sum in one pass over each rank's (x, dy), widened once per slice.
-                sums = {r: deviation_sums(xs[r], dys[r], mean, squares=use_batch) for r in unit}
-                if use_batch:
-                    # An empty group normalizes nothing: unit variance keeps its (zero) gradient shares finite.
-                    var = sum(sums[r].squares for r in unit) / n if n else torch.ones(C, dtype=f64)
-                invstd = 1.0 / torch.sqrt(var + eps)
-                sum_dy = sum(sums[r].dy for r in unit)
-                sum_dy_xmu = sum(sums[r].dy_xmu for r in unit)
-                scale = 1.0 / max(n, 1)
-                unit_abs_dy = sum(sums[r].abs_dy for r in unit) * scale
-                unit_abs_dyx = sum(sums[r].abs_dy_xmu for r in unit) * invstd * scale
-                for r in unit:
-                    if ranks is None or r in ranks:
-                        out[r], gin[r] = _normalize(xs[r], dys[r], mean, invstd, w, b, n, sum_dy, sum_dy_xmu,
-                                                    training=use_batch)
-                    means[r], invstds[r], counts[r] = mean, invstd, n
-                    abs_dy[r], abs_dy_xhat[r] = unit_abs_dy, unit_abs_dyx
-                    rank_abs_dy[r], rank_abs_dy_xhat[r] = sums[r].abs_dy, sums[r].abs_dy_xmu * invstd
-                    if affine:
-                        gw[r] = sums[r].dy_xmu * invstd
-                        gb[r] = sums[r].dy
-                if kind == "train" and track_running_stats:
-                    for r in unit:
-                        nbt[r] += 1
-                        if n == 0:
-                            continue  # an empty global batch counts the step and leaves the statistics alone
-                        factor = 1.0 / nbt[r] if momentum is None else momentum
-                        unbiased = var * n / (n - 1) if n > 1 else torch.full((C,), float("inf"), dtype=f64)
-                        rm[r] = ((1 - factor) * rm[r] + factor * mean).to(param_dtype).to(f64)
-                        rv[r] = ((1 - factor) * rv[r] + factor * unbiased).to(param_dtype).to(f64)
-        truths.append(StepTruth(
-            kind=kind,
-            output=out,
-            grad_input=gin,
-            grad_weight=gw,
-            grad_bias=gb,
-            grad_weight_sum=torch.stack(gw).sum(0) if affine else None,
-            grad_bias_sum=torch.stack(gb).sum(0) if affine else None,
-            running_mean=[t.clone() if t is not None else None for t in rm],
-            running_var=[t.clone() if t is not None else None for t in rv],
-            num_batches_tracked=list(nbt),
-            mean=means,
-            invstd=invstds,
-            count=counts,
-            mean_abs_dy=abs_dy,
-            mean_abs_dy_xhat=abs_dy_xhat,
-            rank_abs_dy=rank_abs_dy,
-            rank_abs_dy_xhat=rank_abs_dy_xhat,
-            raises=raises,
-        ))
-        if raises:
+            for unit in [group] if kind == "train" else [[r] for r in group]:
+                _normalize_unit(truth, unit, inputs[s], grad_outputs[s], layer, buffers)
+        if affine:
+            truth.grad_weight_sum = torch.stack(truth.grad_weight).sum(0)
+            truth.grad_bias_sum = torch.stack(truth.grad_bias).sum(0)
+        truth.running_mean = [t.clone() if t is not None else None for t in buffers.mean]
+        truth.running_var = [t.clone() if t is not None else None for t in buffers.var]
+        truth.num_batches_tracked = list(buffers.tracked)
+        truths.append(truth)
+        if truth.raises:
             break
     return truths
+
+
+def _initial_buffers(layer: _Layer, world: int, running_mean: Optional[Tensor],
+                     running_var: Optional[Tensor]) -> _Buffers:
+    """Every rank's buffers before the first step, rounded to the parameter dtype (None when not tracked)."""
+    if not layer.track_running_stats:
+        return _Buffers([None] * world, [None] * world, [None] * world)
+
+    def buffer(v: Optional[Tensor], default: float) -> Tensor:
+        t = v.detach().to(torch.float64) if v is not None else torch.full((layer.channels,), default,
+                                                                            dtype=torch.float64)
+        return t.to(layer.param_dtype).to(torch.float64)
+
+    return _Buffers([buffer(running_mean, 0.0) for _ in range(world)],
+                    [buffer(running_var, 1.0) for _ in range(world)], [0] * world)
+
+
+def _blank(kind: str, world: int) -> StepTruth:
+    """A step's truth before any unit of ranks is normalized: every per-rank entry None (counts 0)."""
+    def nones() -> list:
+        return [None] * world
+
+    return StepTruth(kind=kind, output=nones(), grad_input=nones(), grad_weight=nones(), grad_bias=nones(),
+                     grad_weight_sum=None, grad_bias_sum=None, running_mean=nones(), running_var=nones(),
+                     num_batches_tracked=nones(), mean=nones(), invstd=nones(), count=[0] * world,
+                     mean_abs_dy=nones(), mean_abs_dy_xhat=nones(), rank_abs_dy=nones(), rank_abs_dy_xhat=nones())
+
+
+def _normalize_unit(truth: StepTruth, unit: list[int], xs: Sequence[Tensor], dys: Sequence[Tensor], layer: _Layer,
+                    buffers: _Buffers) -> None:
+    """Fill ``truth``'s entries of the ranks in ``unit`` (the ranks normalized together), and update their buffers
+    after a training step."""
+    C, f64 = layer.channels, torch.float64
+    kind = truth.kind
+    use_batch = kind == "train" or not layer.track_running_stats
+    n = sum(xs[r].numel() // C for r in unit)
+    if kind == "train" and n == 1:
+        truth.raises = ONE_VALUE
+    if use_batch:
+        mean = sum(channel_sum(xs[r]) for r in unit) / n if n else torch.zeros(C, dtype=f64)
+    else:
+        mean, var = buffers.mean[unit[0]], buffers.var[unit[0]]
+    # Every other per-channel sum in one pass over each rank's (x, dy), widened once per slice.
+    sums = {r: deviation_sums(xs[r], dys[r], mean, squares=use_batch) for r in unit}
+    if use_batch:
+        # An empty group normalizes nothing: unit variance keeps its (zero) gradient shares finite.
+        var = sum(sums[r].squares for r in unit) / n if n else torch.ones(C, dtype=f64)
+    invstd = 1.0 / torch.sqrt(var + layer.eps)
+    sum_dy = sum(sums[r].dy for r in unit)
+    sum_dy_xmu = sum(sums[r].dy_xmu for r in unit)
+    scale = 1.0 / max(n, 1)
+    unit_abs_dy = sum(sums[r].abs_dy for r in unit) * scale
+    unit_abs_dyx = sum(sums[r].abs_dy_xmu for r in unit) * invstd * scale
+    for r in unit:
+        if layer.ranks is None or r in layer.ranks:
+            truth.output[r], truth.grad_input[r] = _normalize(xs[r], dys[r], mean, invstd, layer.weight, layer.bias,
+                                                              n, sum_dy, sum_dy_xmu, training=use_batch)
+        truth.mean[r], truth.invstd[r], truth.count[r] = mean, invstd, n
+        truth.mean_abs_dy[r], truth.mean_abs_dy_xhat[r] = unit_abs_dy, unit_abs_dyx
+        truth.rank_abs_dy[r], truth.rank_abs_dy_xhat[r] = sums[r].abs_dy, sums[r].abs_dy_xmu * invstd
+        if layer.affine:
+            truth.grad_weight[r] = sums[r].dy_xmu * invstd
+            truth.grad_bias[r] = sums[r].dy
+    if kind == "train" and layer.track_running_stats:
+        _update_buffers(buffers, unit, n, mean, var, layer)
+
+
+def _update_buffers(buffers: _Buffers, unit: list[int], n: int, mean: Tensor, var: Tensor, layer: _Layer) -> None:
+    """A training step's update of the running statistics of the ranks in ``unit``, rounded to the parameter
+    dtype as every implementation stores them."""
+    for r in unit:
+        buffers.tracked[r] += 1
+        if n == 0:
+            continue  # an empty global batch counts the step and leaves the statistics alone
+        factor = 1.0 / buffers.tracked[r] if layer.momentum is None else layer.momentum
+        unbiased = var * n / (n - 1) if n > 1 else torch.full((layer.channels,), float("inf"), dtype=torch.float64)
+        buffers.mean[r] = ((1 - factor) * buffers.mean[r] + factor * mean).to(layer.param_dtype).to(torch.float64)
+        buffers.var[r] = ((1 - factor) * buffers.var[r] + factor * unbiased).to(layer.param_dtype).to(torch.float64)

@@ -50,6 +50,7 @@ PARTS = (
     ("harness.judge.oracle", None),
     ("harness.judge.elementwise", None),
     ("harness.judge.compare", None),
+    ("harness.judge.network_budget", None),
     ("harness.engine.messages", None),
     ("harness.engine.collectives", None),
     ("harness.judge.invariants", None),

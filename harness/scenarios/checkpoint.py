@@ -35,9 +35,9 @@ import torch.distributed as dist
 from harness.catalog.case import CHECKPOINT_MODES, DTYPES, Case, materialize
 from harness.judge.compare import compare_tensor
 from harness.judge.metric import Metric
+from harness.judge.network_budget import network_tolerance
 from harness.scenarios import user_models
 from harness.scenarios.conversion import oracle_step, run_step
-from harness.judge.compare import network_tolerance
 from harness.scenarios.model import judge_across
 
 __all__ = ["run_rank", "judge_across", "unsupported_reason", "phases", "MODES"]

@@ -37,8 +37,8 @@ from harness.catalog.case import DTYPES, STEP_KINDS, Case, materialize
 from harness.judge.compare import compare_tensor
 from harness.judge.metric import Metric
 from harness.judge.metric_key import step_key
+from harness.judge.network_budget import network_tolerance
 from harness.scenarios import user_models
-from harness.judge.compare import network_tolerance
 from harness.scenarios.model import judge_across, judge_buffers
 
 __all__ = ["run_rank", "run_step", "oracle_step", "judge_across", "conversion_problems"]

@@ -40,10 +40,11 @@ from typing import Optional
 import torch
 
 from harness.catalog.case import DTYPES, STEP_KINDS, Case, evaluates, materialize
-from harness.judge.compare import compare_tensor, network_tolerance
+from harness.judge.compare import compare_tensor
 from harness.judge.invariants import bits, compare_across
 from harness.judge.metric import Metric
 from harness.judge.metric_key import step_key
+from harness.judge.network_budget import network_tolerance
 from harness.scenarios import networks, uses
 
 LR = 0.05
