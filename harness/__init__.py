@@ -25,4 +25,4 @@ The package, lowest layer first (a module imports only from layers below it; tes
 __version__ = "0.1.0"
 
 # Version of the record format (harness.records); bump on any incompatible change.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2

@@ -5,10 +5,13 @@ store keys are made from :func:`build_info`.
 
 A Python overlay (a torch tree whose Python files are another commit's, laid
 over an installed binary by the bisection) carries :data:`OVERLAY_MARKER`
-beside its ``torch`` package: ``{"commit": ..., "binary_git_version": ...}``.
-A process whose torch comes from such a tree reports
-``overlay of <commit> on <binary git_version>`` as its git version
-(:func:`overlay_identity`), so its records are stored apart from the binary's,
+beside its ``torch`` package: ``{"commit": ..., "binary_git_version": ...,
+"compiled_left_out": N}``. A process whose torch comes from such a tree has
+its identity as a field, :attr:`BuildInfo.overlay`
+(:class:`~harness.results.records.Overlay`, :func:`overlay_identity`): its
+records carry it and are stored apart from the binary's, under a key made of
+it. Its git version, for people, says the same in words
+(:meth:`Overlay.describe`): ``overlay of <commit> on <binary git_version>``,
 followed by ``(approximate: N compiled files left out)`` when the marker says
 that compiled files of the commit differ from the binary's.
 The bisection writes the marker; this module only reads it.
@@ -23,21 +26,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+from harness.results.records import Overlay
+
 OVERLAY_MARKER = "syncbn_harness_overlay.json"
-OVERLAY_IDENTITY = "overlay of {commit} on {base}"
-APPROXIMATE = " (approximate: {n} compiled files left out)"  # what an overlay's compiled diff leaves out
 
 
-def overlay_identity(torch_file: str) -> Optional[str]:
-    """``overlay of <commit> on <base>`` when the torch at ``torch_file`` is an overlay tree's, else None."""
+def overlay_identity(torch_file: str) -> Optional[Overlay]:
+    """The overlay the torch at ``torch_file`` is (read from its tree's marker), else None."""
     marker = Path(torch_file).parent.parent / OVERLAY_MARKER
     try:
         d = json.loads(marker.read_text())
-        identity = OVERLAY_IDENTITY.format(commit=d["commit"], base=d["binary_git_version"])
-        left_out = int(d.get("compiled_left_out") or 0)
+        return Overlay(d["commit"], d["binary_git_version"], int(d.get("compiled_left_out") or 0))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return identity + (APPROXIMATE.format(n=left_out) if left_out else "")
 
 
 @dataclass(frozen=True)
@@ -51,14 +52,15 @@ class BuildInfo:
     backends: tuple[str, ...]
     python: str
     host: str
+    overlay: Optional[Overlay] = None  # a Python overlay's identity (then torch_git_version describes it)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def build_info() -> BuildInfo:
-    """This process's torch build; a Python overlay's commit stands in its git version
-    (``overlay of <commit> on <binary git_version>``, :func:`overlay_identity`)."""
+    """This process's torch build; a Python overlay's identity is its ``overlay``, and its git version says it in
+    words (``overlay of <commit> on <binary git_version>``, :func:`overlay_identity`)."""
     import torch
     import torch.distributed as dist
 
@@ -69,14 +71,16 @@ def build_info() -> BuildInfo:
             fn = getattr(dist, check, None)
             if fn is not None and fn():
                 backends.append(name)
+    overlay = overlay_identity(torch.__file__)
     return BuildInfo(
         torch_version=torch.__version__,
-        torch_git_version=overlay_identity(torch.__file__) or str(torch.version.git_version),
+        torch_git_version=overlay.describe() if overlay else str(torch.version.git_version),
         cuda_version=torch.version.cuda,
         cuda_available=torch.cuda.is_available(),
         backends=tuple(backends),
         python=platform.python_version(),
         host=socket.gethostname(),
+        overlay=overlay,
     )
 
 

@@ -20,7 +20,7 @@ SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[Heal
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
                                                                                  max_size=3), max_leaves=8)
-FIELDS = ("case", "family", "params", "impl", "status", "message", "ranks", "metrics", "torch_version",
+FIELDS = ("case", "family", "params", "impl", "status", "message", "ranks", "metrics", "torch_version", "overlay",
           "world_size", "duration_s", "known_issue", "compare", "desync", "diagnosis", "compile", "schema_version")
 
 

@@ -32,11 +32,12 @@ removed, and the bytecode of both is dropped. Beside ``torch/`` lies
 bisections build it once; it is ready once ``ready.json`` exists.
 
 Identity: a process whose torch is imported from a tree finds :data:`MARKER`
-beside the package (:func:`harness.buildinfo.overlay_identity`), and ``build_info`` reports
+beside the package (:func:`harness.buildinfo.overlay_identity`), and ``build_info`` reports it as a field,
+``overlay = Overlay(<C>, <binary git_version>, <compiled files left out>)``, and in words as
 ``torch_git_version = "overlay of <C> on <binary git_version>"`` (followed by
 ``(approximate: N compiled files left out)`` when compiled files differ):
-records, store files and reports carry the commit and say how exact it is. A marker beside the package, not a
-rewritten ``torch/version.py``: ``torch.version.git_version`` stays the
+records, store files (keyed by the field) and reports carry the commit and say how exact it is. A
+marker beside the package, not a rewritten ``torch/version.py``: ``torch.version.git_version`` stays the
 binary's, so the reference kernels (cached by it) are built once per binary,
 not once per commit, and no file of torch differs from the commit's but the
 ones laid over.

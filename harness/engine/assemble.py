@@ -37,7 +37,7 @@ def record(case, impl, info: BuildInfo, device: str, backend: str, status: Statu
     version = fields.pop("impl_version", None) or _safe_version(impl)
     rec = Record(case=case.id, family=case.family, params=case.params(), impl=impl.name, status=status,
                  message=message, impl_version=version, mode=fields.pop("mode", None) or impl.mode_on(device),
-                 torch_version=info.torch_version, torch_git_version=info.torch_git_version,
+                 torch_version=info.torch_version, torch_git_version=info.torch_git_version, overlay=info.overlay,
                  cuda_version=info.cuda_version, device=device, backend=backend, world_size=case.world_size,
                  host=info.host, started_at=fields.pop("started_at", None) or now(), **fields)
     return annotate(rec)

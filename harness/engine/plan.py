@@ -33,7 +33,7 @@ def store_key(info: BuildInfo, opts: RunOptions) -> str:
     """The store's key for records of this build run with ``opts`` (torch version, commit, device, backend)."""
     from harness.results.store import build_key
 
-    return build_key(info.torch_version, info.torch_git_version, opts.device, opts.resolved_backend)
+    return build_key(info.torch_version, info.torch_git_version, opts.device, opts.resolved_backend, info.overlay)
 
 
 def under_torchrun() -> bool:

@@ -54,12 +54,12 @@ from harness.results.records import Record
 from harness.results.where import Where
 
 NAME = ".syncbn-index.sqlite3"
-FORMAT = 2  # of the index itself: a different one is rebuilt
+FORMAT = 3  # of the index itself: a different one is rebuilt
 VERSION = FORMAT * 1000 + SCHEMA_VERSION  # rows are made from records of this schema: another one is rebuilt
 HEAD = 256  # bytes of a file's start kept to notice a file replaced by another
 BATCH = 2000
 _COLUMNS = ("file", "offset", "length", "build", "impl", "case_id", "family", "status", "known", "known_link",
-            "worst_ratio", "torch_git_version", "compiled", "has_metrics", "mode")
+            "worst_ratio", "torch_git_version", "compiled", "has_metrics", "mode", "overlay_commit", "left_out")
 
 
 @dataclass
@@ -84,7 +84,8 @@ def _row(r: Record, file: str, offset: int, length: int) -> tuple:
     """The index's row of record ``r``, at ``offset`` in ``file`` (the columns of :data:`_COLUMNS`)."""
     return (file, offset, length, file[:-len(".jsonl")], r.impl, r.case, r.family, r.status.value, int(r.known),
             r.known_issue.link if r.known_issue else "", r.worst_ratio, r.torch_git_version, int(bool(r.compile)),
-            int(bool(r.metrics)), r.mode or "")
+            int(bool(r.metrics)), r.mode or "", r.overlay.commit if r.overlay else "",
+            r.overlay.left_out if r.overlay else 0)
 
 
 class Index:
@@ -118,7 +119,8 @@ class Index:
                                               head BLOB);
             CREATE TABLE IF NOT EXISTS records (id INTEGER PRIMARY KEY, file TEXT, offset INTEGER, length INTEGER,
                 build TEXT, impl TEXT, case_id TEXT, family TEXT, status TEXT, known INTEGER, known_link TEXT,
-                worst_ratio REAL, torch_git_version TEXT, compiled INTEGER, has_metrics INTEGER, mode TEXT);
+                worst_ratio REAL, torch_git_version TEXT, compiled INTEGER, has_metrics INTEGER, mode TEXT,
+                overlay_commit TEXT, left_out INTEGER);
             CREATE INDEX IF NOT EXISTS records_key ON records (build, impl, case_id, id);
             CREATE INDEX IF NOT EXISTS records_file ON records (file);
             PRAGMA user_version = {VERSION};
@@ -261,9 +263,10 @@ class Index:
         return self._query("build, impl, family, status, known, count(*)", None,
                            "GROUP BY build, impl, family, status, known")
 
-    def build_commits(self) -> list[tuple[str, str]]:
-        """(build, torch_git_version) of every build."""
-        return self._query("build, max(torch_git_version)", None, "GROUP BY build")
+    def build_identities(self) -> list[tuple[str, str, str, int]]:
+        """(build, torch_git_version, overlaid commit or "", compiled files left out) of every build."""
+        return self._query("build, max(torch_git_version), max(overlay_commit), max(left_out)", None,
+                           "GROUP BY build ORDER BY build")
 
     def pairs(self, where: Optional[Where] = None) -> set[tuple[str, str]]:
         """The (impl, case) pairs of the latest records matching ``where``."""

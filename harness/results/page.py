@@ -44,8 +44,9 @@ class Page:
     """What the page and the summary show, gathered from the store in bounded memory.
 
     ``cells``: one row per (build, impl, family, status, known_issue) with its count ``n``; ``builds``: each
-    build's key and torch_git_version; ``failing``/``compiled``: records frames of the rows shown, with the
-    totals they were cut from; ``plots``: per implementation the metrics frame of a sample and its size."""
+    build's key, torch_git_version, overlaid commit (None but for an overlay) and compiled files left out;
+    ``failing``/``compiled``: records frames of the rows shown, with the totals they were cut from;
+    ``plots``: per implementation the metrics frame of a sample and its size."""
 
     store_dir: str
     total: int
@@ -70,7 +71,8 @@ def gather(store_dir) -> Page:
             raise EmptyStore(f"the store {store_dir} holds no records: run `syncbn-harness run --store "
                              f"{store_dir}` first, or point --store at another directory")
         cells = pd.DataFrame(store.tally(), columns=["build", "impl", "family", "status", "known_issue", "n"])
-        builds = pd.DataFrame(store.build_commits(), columns=["build", "torch_git_version"])
+        builds = pd.DataFrame(store.build_identities(),
+                              columns=["build", "torch_git_version", "overlay_commit", "left_out"])
         failing_total = store.count(Where(statuses=FAILING))
         failing_known = store.count(Where(statuses=FAILING, known=True))
         failing = records_frame(store.latest(Where(statuses=FAILING), order="failing", limit=MAX_FAILING))
@@ -97,7 +99,7 @@ def write_csv(store_dir, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
     with Store(store_dir) as store:
-        for build, _ in sorted(store.build_commits()):
+        for build, *_ in store.build_identities():
             records = list(store.latest(Where(build=build)))
             for kind, frame in (("records", records_frame(records)), ("metrics", metrics_frame(records))):
                 path = out / f"{build}.{kind}.csv"

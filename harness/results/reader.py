@@ -6,7 +6,11 @@ back) both read through it, so the format has one reader.
 Schema versions: records of a newer ``schema_version`` are refused, naming
 the harness release needed (:class:`StoreError`, exit 3); older ones are
 migrated on read, one version at a time (:data:`MIGRATIONS`), never rewritten
-in the file.
+in the file. Version 2 made a Python overlay's identity a field
+(:class:`~harness.results.records.Overlay`, of which the store key is made);
+a version-1 record said it only in prose, in its ``torch_git_version``
+(``overlay of <commit> on <base>[ (approximate: N compiled files left out)]``),
+which the migration parses, once: old stores read and key as before.
 
 Files: :func:`read_file` parses every line. A line that is not a JSON record
 (the torn tail of a killed run) is dropped with a warning naming the line,
@@ -19,12 +23,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Callable
 
 from harness import SCHEMA_VERSION, __version__
 from harness.errors import HarnessError, UsageError
-from harness.results.records import Record
+from harness.results.records import Overlay, Record
 
 log = logging.getLogger("harness.results.store")  # what a user sees is the store's reading
 
@@ -37,10 +42,25 @@ class NotAResultsFile(UsageError):
     """A file given as results holds none: not a run's JSON output, not a store file (exit 2)."""
 
 
+# How schema 1 said an overlay, in its torch_git_version (read by the migration to schema 2 only).
+_PROSE = re.compile(r"^overlay of ([0-9a-f]+) on (\S+)( \(approximate: (\d+)?.*\))?$")
+
+
+def _v1_to_v2(d: dict) -> dict:
+    """Schema 2: the overlay a schema-1 ``torch_git_version`` names in prose becomes the ``overlay`` field."""
+    gv = d.get("torch_git_version")
+    m = _PROSE.match(gv) if isinstance(gv, str) else None
+    # "approximate" without its count (never written so) still marks the build approximate: one file at least.
+    left_out = (int(m.group(4)) if m.group(4) else 1) if m and m.group(3) else 0
+    d["overlay"] = Overlay(m.group(1), m.group(2), left_out).to_dict() if m else None
+    d["schema_version"] = 2
+    return d
+
+
 # schema_version -> function migrating a record dict of that version to the next one.
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {}
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2}
 # The first harness release that writes each schema version (for the refusal message).
-HARNESS_FOR_SCHEMA = {1: "0.1.0"}
+HARNESS_FOR_SCHEMA = {1: "0.1.0", 2: "0.1.0"}
 
 
 def migrate(d: dict, source: str) -> dict:

@@ -5,7 +5,9 @@ round-trips through ``to_dict``/``from_dict`` (JSON-safe) and carries
 ``schema_version`` so stores can refuse newer formats and migrate older ones.
 Every field that has a closed set of values is typed: :class:`Status` for a
 record, :class:`RankStatus` for one rank, :class:`~harness.judge.metric.Metric`
-per compared tensor, :class:`KnownIssueMatch` for the known-issues file's say.
+per compared tensor, :class:`KnownIssueMatch` for the known-issues file's say,
+:class:`Overlay` for a Python overlay build's identity (what the store key of
+such a build is made of; ``torch_git_version`` keeps its prose for people).
 """
 
 from __future__ import annotations
@@ -114,6 +116,48 @@ class KnownIssueMatch:
                    matched=bool(d.get("matched")), now_passes=bool(d.get("now_passes")))
 
 
+@dataclass(frozen=True)
+class Overlay:
+    """A Python overlay build: ``commit``'s Python files laid over a binary whose git version is ``base``;
+    ``left_out``: how many compiled files of the commit differ from the binary's and were left out (0: exact)."""
+
+    commit: str
+    base: str
+    left_out: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("commit", "base"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value or any(c.isspace() for c in value):
+                raise ValueError(f"overlay {name} {str(value)[:40]!r}: expected a git version, one word")
+        if not isinstance(self.left_out, int) or isinstance(self.left_out, bool) or self.left_out < 0:
+            raise ValueError(f"overlay left_out {str(self.left_out)[:40]!r}: expected a count of files (0 or more)")
+
+    @property
+    def approximate(self) -> bool:
+        """Whether compiled files of the commit were left out (the build is not exactly the commit)."""
+        return self.left_out > 0
+
+    def key(self) -> str:
+        """The commit part of its store key: ``<commit>-on-<base>``, 12 digits each."""
+        return f"{self.commit[:12]}-on-{self.base[:12]}"
+
+    def describe(self) -> str:
+        """``overlay of <commit> on <base>``, then ``(approximate: N compiled files left out)`` when it is: the
+        text its records' ``torch_git_version`` shows people."""
+        text = f"overlay of {self.commit} on {self.base}"
+        return text + (f" (approximate: {self.left_out} compiled files left out)" if self.left_out else "")
+
+    def to_dict(self) -> dict:
+        return {"commit": self.commit, "base": self.base, "left_out": self.left_out}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Overlay":
+        if not isinstance(d, dict) or "commit" not in d or "base" not in d:
+            raise ValueError(f"overlay {str(d)[:60]!r}: expected its commit, base and left_out")
+        return cls(commit=d["commit"], base=d["base"], left_out=d.get("left_out", 0))
+
+
 @dataclass
 class Record:
     """One (case, impl) result on one build."""
@@ -130,6 +174,7 @@ class Record:
     metrics: dict[str, Metric] = field(default_factory=dict)
     torch_version: str = ""
     torch_git_version: str = ""
+    overlay: Optional[Overlay] = None  # a Python overlay build's identity (its store key is made of it)
     cuda_version: Optional[str] = None
     device: str = "cpu"
     backend: str = "gloo"
@@ -152,6 +197,7 @@ class Record:
         d["ranks"] = [r.to_dict() for r in self.ranks]
         d["metrics"] = {name: m.to_dict() for name, m in self.metrics.items()}
         d["known_issue"] = self.known_issue.to_dict() if self.known_issue else None
+        d["overlay"] = self.overlay.to_dict() if self.overlay else None
         return d
 
     @classmethod
@@ -164,6 +210,8 @@ class Record:
         kw["metrics"] = {name: Metric.from_dict(m) for name, m in (kw.get("metrics") or {}).items()}
         if kw.get("known_issue"):
             kw["known_issue"] = KnownIssueMatch.from_dict(kw["known_issue"])
+        if kw.get("overlay") is not None:
+            kw["overlay"] = Overlay.from_dict(kw["overlay"])
         for name in evidence.REQUIRED:
             evidence.check(name, kw.get(name))
         return cls(**kw)
@@ -202,7 +250,7 @@ _OPT = type(None)
 # What a stored record's fields must be (status is checked by its enum, the evidence by its shapes).
 _FIELD_TYPES = {"case": str, "family": str, "params": dict, "impl": str, "message": str, "impl_version": (str, _OPT),
                 "mode": (str, _OPT), "ranks": list, "metrics": dict, "torch_version": str, "torch_git_version": str,
-                "cuda_version": (str, _OPT), "device": str, "backend": str, "world_size": int,
+                "overlay": (dict, _OPT), "cuda_version": (str, _OPT), "device": str, "backend": str, "world_size": int,
                 "duration_s": (int, float), "started_at": str, "host": str, "known_issue": (dict, _OPT),
                 "compare": (dict, _OPT), "desync": (dict, _OPT), "diagnosis": (dict, _OPT), "compile": (dict, _OPT),
                 "logs": (str, _OPT), "schema_version": int}

@@ -3,7 +3,8 @@
 Layout: ``<store>/<build key>.jsonl``; the build key is the torch version, the
 first 12 digits of its git commit, the device and the backend, e.g.
 ``2.13.0+cpu-cf30153c4c13-cpu-gloo.jsonl`` (a Python overlay's:
-``<commit>-on-<base>``, see :func:`build_key`). One record per line, each line a
+``<commit>-on-<base>``, made of the record's ``overlay`` field, see
+:func:`build_key`). One record per line, each line a
 record's ``to_dict()`` plus ``harness_version`` (the release that wrote it, so
 that an older harness can name the release it needs). A ``<key>.jsonl.lock``
 file beside each store file serializes writers.
@@ -51,7 +52,7 @@ from typing import Iterable, Iterator, Optional
 from harness import __version__
 from harness.errors import UsageError
 from harness.results.reader import StoreError, read_file
-from harness.results.records import Record
+from harness.results.records import Overlay, Record
 from harness.results.where import Where
 
 LOCK_TIMEOUT_S = 60.0
@@ -59,24 +60,21 @@ __all__ = ["LOCK_TIMEOUT_S", "Store", "StoreError", "Where", "build_key", "fsync
            "record_key"]
 
 
-_OVERLAY = re.compile(r"^overlay of ([0-9a-f]+) on (\S+)(?: \(approximate: .*\))?$")
-
-
-def build_key(torch_version: str, torch_git_version: str, device: str, backend: str) -> str:
+def build_key(torch_version: str, torch_git_version: str, device: str, backend: str,
+              overlay: Optional[Overlay] = None) -> str:
     """File stem of a build: version, commit (12 digits), device, backend; safe as a file name.
 
-    A Python overlay's git version ``overlay of <commit> on <base>`` gives ``<commit>-on-<base>`` (12
-    digits each), e.g. ``2.13.0+cpu-3f2a9c0d11aa-on-cf30153c4c13-cpu-gloo``, approximate or not.
+    A Python overlay (``overlay``) stands for the commit as ``<commit>-on-<base>`` (12 digits each, see
+    :meth:`Overlay.key`), e.g. ``2.13.0+cpu-3f2a9c0d11aa-on-cf30153c4c13-cpu-gloo``, approximate or not.
     """
-    m = _OVERLAY.match(torch_git_version or "")
-    commit = f"{m.group(1)[:12]}-on-{m.group(2)[:12]}" if m else (torch_git_version or "unknown")[:12]
+    commit = overlay.key() if overlay else (torch_git_version or "unknown")[:12]
     raw = f"{torch_version}-{commit}-{device}-{backend}"
     return re.sub(r"[^A-Za-z0-9.+_-]", "_", raw)
 
 
 def record_key(record: Record) -> str:
     """The build key a record is stored under."""
-    return build_key(record.torch_version, record.torch_git_version, record.device, record.backend)
+    return build_key(record.torch_version, record.torch_git_version, record.device, record.backend, record.overlay)
 
 
 class Store:
@@ -242,9 +240,10 @@ class Store:
         """``(build, impl, family, status, known issue, count)`` over the latest records."""
         return [(b, i, f, s, bool(k), n) for b, i, f, s, k, n in self._asked().tally()]
 
-    def build_commits(self) -> list[tuple[str, str]]:
-        """``(build key, torch_git_version)`` of every build that holds records."""
-        return self._asked().build_commits()
+    def build_identities(self) -> list[tuple[str, str, Optional[str], int]]:
+        """``(build key, torch_git_version, overlaid commit, compiled files left out)`` of every build that holds
+        records, by key; the commit is None but for a Python overlay's build (its ``overlay`` field)."""
+        return [(b, gv, commit or None, left_out) for b, gv, commit, left_out in self._asked().build_identities()]
 
     def pairs(self, where: Optional[Where] = None) -> set[tuple[str, str]]:
         """The ``(impl, case)`` pairs of the latest records matching ``where``."""

@@ -10,10 +10,12 @@ writes ``timeline-<good>-<bad>.json`` into the store it ran with
                   "approximate": "approximate: ..." | null, "untestable": "..." | null}, ...]}
 
 oldest first. :func:`order` sorts a report's builds by it (:func:`rows` over a
-report's records frame): the builds of each
-timeline in their commits' order (timelines by their first commit's file
-time, oldest first), then every other build by key; :func:`label` marks an
-approximate build. A timeline that does not parse is ignored (the report
+report's frame of builds): the builds of each timeline in their commits'
+order (timelines by their first commit's file time, oldest first), then
+every other build by key; :func:`label` marks an approximate build. A
+build's commit and how approximate it is come from its records' ``overlay``
+field (:class:`~harness.results.records.Overlay`), never from the words of
+its git version. A timeline that does not parse is ignored (the report
 still lists its builds, by key): it is derived data, and the records stay the
 truth.
 """
@@ -22,12 +24,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Iterable, Optional
 
 PATTERN = "timeline-*.json"
-_OVERLAY = re.compile(r"^overlay of ([0-9a-f]+) on ")
 
 
 def write(store_dir: Path, timeline: dict) -> Path:
@@ -54,34 +54,30 @@ def load(store_dir: Path) -> list[dict]:
     return out
 
 
-def commit_of(torch_git_version: str) -> Optional[str]:
-    """The overlaid commit of ``overlay of <commit> on ...``, else None."""
-    m = _OVERLAY.match(torch_git_version or "")
-    return m.group(1) if m else None
-
-
-def order(builds: Iterable[tuple[str, str]], timelines: list[dict]) -> list[str]:
-    """Build keys in timeline order: ``builds`` are ``(key, torch_git_version)`` pairs."""
+def order(builds: Iterable[tuple[str, Optional[str]]], timelines: list[dict]) -> list[str]:
+    """Build keys in timeline order: ``builds`` are ``(key, overlaid commit)`` pairs (None: not an overlay)."""
     position: dict[str, tuple[int, int]] = {}
     for t, line in enumerate(timelines):
         for i, c in enumerate(line["commits"]):
             position.setdefault(c["commit"], (t, i))
-    keys = dict(builds)
-    placed = sorted((position[commit_of(gv)], key) for key, gv in keys.items() if commit_of(gv) in position)
-    rest = sorted(key for key, gv in keys.items() if commit_of(gv) not in position)
+    commits = dict(builds)
+    placed = sorted((position[commit], key) for key, commit in commits.items() if commit in position)
+    rest = sorted(key for key, commit in commits.items() if commit not in position)
     return [key for _, key in placed] + rest
 
 
-def label(key: str, torch_git_version: str) -> str:
+def label(key: str, left_out: int) -> str:
     """The build's name in a report: its key, ``~`` after it when its overlay left compiled files out."""
-    return key + (" ~" if "(approximate:" in (torch_git_version or "") else "")
+    return key + (" ~" if left_out else "")
 
 
 def rows(df, store_dir) -> list[tuple[str, str]]:
-    """``(build key, shown name)`` for a report's records frame (columns ``build``, ``torch_git_version``), in
-    :func:`order`, each named by :func:`label`."""
+    """``(build key, shown name)`` for a report's frame of builds (columns ``build``, ``overlay_commit``,
+    ``left_out``: :class:`harness.results.page.Page`'s ``builds``), in :func:`order`, each named by
+    :func:`label`."""
     if df.empty:
         return []
-    builds = df[["build", "torch_git_version"]].drop_duplicates("build")
-    pairs = {b: str(gv) for b, gv in builds.itertuples(index=False)}
-    return [(key, label(key, pairs[key])) for key in order(pairs.items(), load(store_dir))]
+    builds = df[["build", "overlay_commit", "left_out"]].drop_duplicates("build")
+    commits = {b: (c if isinstance(c, str) and c else None) for b, c, _ in builds.itertuples(index=False)}
+    left_out = {b: int(n or 0) for b, _, n in builds.itertuples(index=False)}
+    return [(key, label(key, left_out[key])) for key in order(commits.items(), load(store_dir))]

@@ -36,6 +36,7 @@ from harness.bisect.bisector import Outcome, Verdict
 from harness.bisect.checkout import CheckoutError
 from harness.bisect.commits import bisect_commits
 from harness.bisect.overlay import classify
+from harness.results.records import Overlay
 from harness.results.store import Store, build_key
 from pytorch_repo import PytorchRepo
 from torch_history import (CASE, COUNT, FILES, NATIVE, PLANTED, SELECTION, TORCH, installed, isolated_cache,
@@ -71,7 +72,7 @@ def test_paths_sort_into_laid_over_compiled_and_other():
 
 
 def test_overlay_build_keys_name_the_commit_and_the_base():
-    key = build_key("2.13.0+cpu", f"overlay of {'a' * 40} on {'b' * 40}", "cpu", "gloo")
+    key = build_key("2.13.0+cpu", f"overlay of {'a' * 40} on {'b' * 40}", "cpu", "gloo", Overlay("a" * 40, "b" * 40))
     assert key == f"2.13.0+cpu-{'a' * 12}-on-{'b' * 12}-cpu-gloo"
     assert build_key("2.13.0+cpu", "c" * 40, "cpu", "gloo") == f"2.13.0+cpu-{'c' * 12}-cpu-gloo"
 
@@ -126,7 +127,7 @@ def test_overlay_bisection_finds_the_planted_commit_and_reuses_everything(tmp_pa
     for i in tested:
         assert {r.torch_git_version for r in run.evaluations[i].records} == {f"overlay of {shas[i]} on {binary}"}
     assert sorted(Store(store).builds()) == sorted(build_key(torch.__version__, f"overlay of {shas[i]} on {binary}",
-                                                             "cpu", "gloo") for i in tested)
+                                                             "cpu", "gloo", Overlay(shas[i], binary)) for i in tested)
     # The tree: the planted file is a new file, the rest hard links of the installed package, untouched.
     tree = tmp_path / "cache" / "overlays"
     planted = next(tree.glob(f"*/{shas[3]}/torch/nn/modules/_functions.py"))

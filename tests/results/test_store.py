@@ -26,7 +26,7 @@ from harness.results import reader as reader_mod
 from harness.results import store as store_mod
 from harness.buildinfo import build_info
 from harness.judge.metric import Metric
-from harness.results.records import RankOutcome, RankStatus, Record, Status
+from harness.results.records import Overlay, RankOutcome, RankStatus, Record, Status
 from harness.results.store import Store, StoreError, build_key, read_file
 
 PLUGIN = textwrap.dedent("""
@@ -131,20 +131,74 @@ def test_a_newer_schema_is_refused_naming_the_release_needed(tmp_path):
 
 def test_an_older_schema_is_migrated_on_read(tmp_path, monkeypatch):
     old = make_record(message="a message the migration must carry over").to_dict()
-    old.pop("schema_version")  # the first format did not always say
+    old["schema_version"] = SCHEMA_VERSION
     old["legacy_message"] = old.pop("message")
     path = tmp_path / "old.jsonl"
     path.write_text(json.dumps(old) + "\n")
 
-    def v1_to_v2(d):
+    def to_next(d):
         d["message"] = d.pop("legacy_message")
-        d["schema_version"] = 2
+        d["schema_version"] = SCHEMA_VERSION + 1
         return d
 
-    monkeypatch.setattr(reader_mod, "SCHEMA_VERSION", 2)
-    monkeypatch.setitem(reader_mod.MIGRATIONS, 1, v1_to_v2)
+    monkeypatch.setattr(reader_mod, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setitem(reader_mod.MIGRATIONS, SCHEMA_VERSION, to_next)
     [record] = read_file(path)
-    assert record.message == "a message the migration must carry over" and record.schema_version == 2
+    assert record.message == "a message the migration must carry over"
+    assert record.schema_version == SCHEMA_VERSION + 1
+
+
+def schema_1(record: Record) -> dict:
+    """``record`` as the first schema wrote it: an overlay said only in words, in its torch_git_version."""
+    d = record.to_dict()
+    d.pop("overlay")
+    d.pop("schema_version")  # the first format did not always say
+    return d
+
+
+@pytest.mark.parametrize("left_out", [0, 3])
+def test_schema_1_overlay_records_read_and_key_as_before_with_the_overlay_a_field(tmp_path, left_out):
+    overlay = Overlay("a" * 40, "b" * 40, left_out)
+    words = overlay.describe()
+    assert words == f"overlay of {'a' * 40} on {'b' * 40}" + (" (approximate: 3 compiled files left out)"
+                                                               if left_out else "")
+    key = f"2.13.0+cpu-{'a' * 12}-on-{'b' * 12}-cpu-gloo"  # what schema 1 keyed it as, from the words
+    store = Store(tmp_path / "s")
+    store.path.mkdir()
+    old = make_record(case="numerics/old/ws2", torch_git_version=words)
+    store.file_for(key).write_text(json.dumps(schema_1(old)) + "\n")
+    # A record of this harness, the overlay a field, goes to the same file.
+    assert store.append(make_record(case="numerics/new/ws2", torch_git_version=words, overlay=overlay)).name \
+        == f"{key}.jsonl"
+    assert store.builds() == [key]
+    read = read_file(store.file_for(key))
+    assert [(r.case, r.overlay, r.torch_git_version, store_mod.record_key(r)) for r in read] == [
+        ("numerics/old/ws2", overlay, words, key), ("numerics/new/ws2", overlay, words, key)]
+    assert all(r.schema_version == SCHEMA_VERSION for r in read)
+    with Store(store.path) as asked:
+        assert [r.overlay for r in asked.latest(store_mod.Where(build=key))] == [overlay, overlay]
+        assert asked.build_identities() == [(key, words, "a" * 40, left_out)]
+    # Not an overlay, in either schema: no overlay, the commit's 12 digits.
+    plain = make_record()
+    [again] = read_file(_written(tmp_path / "plain.jsonl", schema_1(plain)))
+    assert again.overlay is None and store_mod.record_key(again) == "2.13.0+cpu-cf30153c4c13-cpu-gloo"
+
+
+def _written(path: Path, d: dict) -> Path:
+    path.write_text(json.dumps(d) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("bad", [{"commit": "a b", "base": "c"}, {"commit": "a", "base": "c", "left_out": -1},
+                                 {"commit": "a"}, {"commit": 5, "base": "c"}, {"commit": "a", "base": "c",
+                                                                              "left_out": True}])
+def test_a_bad_overlay_field_is_refused_naming_the_file_and_the_value(tmp_path, bad):
+    d = make_record().to_dict()
+    d["overlay"] = bad
+    path = _written(tmp_path / "b.jsonl", d)
+    with pytest.raises(StoreError, match="not a syncbn-harness record") as info:
+        read_file(path)
+    assert str(path) in str(info.value) and "overlay" in str(info.value)
 
 
 def test_run_json_array_is_read_like_a_store_file(tmp_path):
@@ -191,7 +245,7 @@ def test_unwritable_store_is_an_error_naming_the_directory(tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys
-    from harness.results.records import RankOutcome, RankStatus, Record, Status
+    from harness.results.records import Overlay, RankOutcome, RankStatus, Record, Status
     from harness.results.store import Store
 
     store, tag, n = Store(sys.argv[1]), sys.argv[2], int(sys.argv[3])
