@@ -14,7 +14,9 @@ faulthandler dump of its Python stacks was taken).
   torch.distributed call are the ``hang``; the ones in a collective wait for
   them (``peer-failed``). If every silent rank is in a collective, the ranks
   that returned are the ones that skipped it (``hang``, "did not enter");
-  if none returned, all are deadlocked (``hang``);
+  if none returned, all are deadlocked (``hang``). The pool need not wait for
+  the timeout to say so where the ranks' stacks and recorded collectives
+  prove it (:func:`deadlock`);
 - an exception raised inside torch.distributed after a sibling crashed is the
   sibling's doing (``peer-failed``).
 
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from harness.engine.messages import RankResult
 from harness.results.records import RankOutcome, RankStatus, Status
@@ -99,8 +101,81 @@ def waits_for_good(calls: Optional[list], done: dict[int, tuple[list, bool]]) ->
     return None if ambiguous else False
 
 
+# The innermost frame of a rank blocked in a collective: torch.distributed's own code, or DDP's, which waits on
+# its process group's work objects itself (its reducer, its join hook).
+BLOCKED_FRAMES = ("torch/distributed/", "torch/nn/parallel/distributed.py")
+
+
+def blocked_at(dump: str) -> Optional[str]:
+    """The innermost frame (``File "...", line N in f``) of a faulthandler dump's main thread when it lies in
+    torch.distributed or DDP (the rank waits on a collective), else None."""
+    main = dump.split("Current thread", 1)[1] if "Current thread" in dump else dump
+    frame = next((line.strip() for line in main.splitlines() if line.strip().startswith("File ")), None)
+    return frame if frame is not None and any(m in frame for m in BLOCKED_FRAMES) else None
+
+
+def deadlock(calls: dict[int, Optional[list]]) -> Optional[dict[int, str]]:
+    """Where each of the ranks, all silent and blocked in collectives, waits, when they cannot be waiting for one
+    and the same collective; None when they may be (their last recorded collectives agree) or a rank recorded
+    none.
+
+    The caller has seen every rank's innermost frame in torch.distributed or DDP, the same in two stack dumps,
+    with no collective recorded in between: then ranks whose last collectives over their group differ (in
+    operation, or in how many each issued over that group) each wait for a call the others, blocked elsewhere,
+    will not make. (A collective issued without torch.distributed's Python functions, as DDP's are, is not
+    recorded; the rank blocked in it has recorded fewer.)
+    """
+    last = {}
+    for r, cs in calls.items():
+        if not cs or cs[-1].get("group") is None:
+            return None
+        group = cs[-1]["group"]
+        last[r] = (cs[-1].get("op"), tuple(group), sum(c.get("group") == group for c in cs))
+    for op, group, count in last.values():
+        if all(m in last and last[m] == (op, group, count) for m in group):
+            return None  # its group is in this one collective together: it may be slow, not stuck
+    return {r: f"{op}, its collective {count} over ranks {list(group)}" for r, (op, group, count) in last.items()}
+
+
+FIRST_PAUSE_S, MAX_PAUSE_S = 0.5, 4.0
+
+
+class DeadlockWatch:
+    """Whether the ranks of a task, all silent, are deadlocked (:func:`deadlock`), looked at again and again.
+
+    From their recorded collectives first (a file read each), and only when those say the ranks cannot all be
+    in one collective, from their stacks: a deadlock holds after two looks in a row found each rank's innermost
+    frame the same blocked one in torch.distributed or DDP (:func:`blocked_at`), with the same collectives
+    recorded.
+    """
+
+    def __init__(self, ranks):
+        self.ranks = list(ranks)
+        self.seen: Optional[tuple] = None  # (recorded collectives, innermost frames) at the last look that held
+        self.dumps: dict[int, str] = {}  # the stacks of that look
+        self.pause = FIRST_PAUSE_S  # how long the caller waits before the next look
+
+    def check(self, calls_of: Callable[[int], Optional[list]],
+              dump_stack: Callable[[int], str]) -> Optional[dict[int, str]]:
+        """Where the ranks wait when this look and the one before prove a deadlock, else None."""
+        calls = {r: calls_of(r) for r in self.ranks}
+        where = deadlock(calls)
+        if where is None:
+            self.seen = None
+            return None
+        dumps = {r: dump_stack(r) for r in self.ranks}
+        frames = {r: blocked_at(d) for r, d in dumps.items()}
+        if not all(frames.values()) or {r: calls_of(r) for r in self.ranks} != calls:
+            self.seen = None
+            self.pause = min(2 * self.pause, MAX_PAUSE_S)  # a rank at work: look (and dump) less often
+            return None
+        held = self.seen == (calls, frames)
+        self.seen, self.dumps = (calls, frames), dumps
+        return where if held else None
+
+
 def attribute(observations: list[Observation], *, failed_first: bool,
-              timeout: float) -> tuple[Status, list[RankOutcome]]:
+              timeout: float, deadlocked: Optional[dict[int, str]] = None) -> tuple[Status, list[RankOutcome]]:
     """The case's status and every rank's outcome (see the module docstring)."""
     outcomes: list[RankOutcome] = []
     silent = []
@@ -125,7 +200,7 @@ def attribute(observations: list[Observation], *, failed_first: bool,
             silent.append(o)
     timed_out = bool(silent) and not failed_first
     if timed_out:
-        _blame_hang(outcomes, silent, timeout)
+        _blame_hang(outcomes, silent, timeout, deadlocked)
     if any(o.status is RankStatus.CRASH for o in outcomes):
         for o in outcomes:
             if o.status is RankStatus.ERROR and o.traceback and any(m in o.traceback for m in COLLECTIVE_MARKERS):
@@ -134,7 +209,13 @@ def attribute(observations: list[Observation], *, failed_first: bool,
     return overall(outcomes, timed_out), outcomes
 
 
-def _blame_hang(outcomes: list[RankOutcome], silent: list[RankOutcome], timeout: float) -> None:
+def _blame_hang(outcomes: list[RankOutcome], silent: list[RankOutcome], timeout: float,
+                deadlocked: Optional[dict[int, str]] = None) -> None:
+    if deadlocked:  # every rank silent, each blocked where the others will never join it: ended before the timeout
+        for o in silent:
+            o.status = RankStatus.HANG
+            o.message = f"deadlocked in {deadlocked[o.rank]}, which the others, blocked in other calls, never join"
+        return
     stuck_elsewhere = [o.rank for o in silent if not in_collective(o.stack_dump or "")]
     if stuck_elsewhere:
         for o in silent:

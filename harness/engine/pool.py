@@ -14,7 +14,10 @@ a collective that cannot complete (:func:`~harness.engine.attribution.waits_for_
 a done member of its group never issued it, or died having issued it while
 the silent rank's stack is inside torch.distributed): then the wait ends at
 once, since a crash that leaves its peers in a gloo collective would
-otherwise cost the whole grace every time. Ranks still silent have their Python
+otherwise cost the whole grace every time. The same rule ends the wait for
+ranks silent beside ranks that answered, and a deadlock of every rank ends it
+once proven (:class:`~harness.engine.attribution.DeadlockWatch`, after
+``QUIET_S``) instead of at the timeout. Ranks still silent have their Python
 stacks dumped (faulthandler on SIGUSR1, into their logs); the collectives a
 rank without an answer had issued are read from the file it writes them to
 before issuing each (``rank<r>.calls`` beside its log); and
@@ -43,7 +46,8 @@ from typing import Optional
 
 from harness.engine import logs
 from harness.engine.forkserver import start_context
-from harness.engine.attribution import Observation, attribute, describe_exit, in_collective, waits_for_good
+from harness.engine.attribution import (DeadlockWatch, Observation, attribute, describe_exit, in_collective,
+                                        waits_for_good)
 from harness.engine.collectives import read_sink
 from harness.engine.messages import RankResult, Task, TaskOutcome
 from harness.engine.reuse import reusable
@@ -55,6 +59,7 @@ log = logging.getLogger(__name__)
 
 PEER_GRACE_S = 3.0
 RECHECK_S = 0.05  # after a failure, how often the silent ranks' collectives are read again
+QUIET_S = 3.0  # every rank silent this long: the pool starts looking for a deadlock
 DUMP_WAIT_S = 2.0
 STOP_WAIT_S = 5.0
 LOG_TAIL = 6000
@@ -205,19 +210,32 @@ class Pool:
         n = self.world_size
         observations = {r: Observation(rank=r) for r in range(n)}
         pending = set(range(n))
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         first_failure: Optional[float] = None
         stuck_dumps: dict[int, str] = {}  # silent ranks whose stack showed them inside a collective
         dumped: set[int] = set()  # silent ranks whose stack was looked at once already
+        watch = DeadlockWatch(range(n))
+        stopped_early, deadlocked = False, None
         while pending:
             limit = deadline if first_failure is None else min(deadline, first_failure + PEER_GRACE_S)
             remaining = limit - time.monotonic()
             if remaining <= 0:
                 break
-            if first_failure is not None:
+            if first_failure is not None or len(pending) < n:
+                # Silent ranks after a failure, or beside ranks that answered: they may wait for good.
                 if self._all_stuck(pending, observations, stuck_dumps, dumped):
+                    stopped_early = first_failure is None
                     break
                 remaining = min(remaining, RECHECK_S)  # a silent rank may enter its last collective any moment
+            elif time.monotonic() - started >= QUIET_S:
+                deadlocked = watch.check(self.calls_of, self.dump_stack)
+                if deadlocked:
+                    stuck_dumps.update(watch.dumps)
+                    break
+                remaining = min(remaining, watch.pause)
+            else:
+                remaining = min(remaining, started + QUIET_S - time.monotonic())
             for r in self._ready(pending, remaining):
                 msg = self._recv(r)
                 ob = observations[r]
@@ -234,8 +252,9 @@ class Pool:
         for r in sorted(pending):
             observations[r].stack_dump = stuck_dumps.get(r) or self.dump_stack(r)
             observations[r].collectives = self.calls_of(r)
+        waited = round(time.monotonic() - started, 1) if stopped_early or deadlocked else timeout
         status, outcomes = attribute(list(observations.values()), failed_first=first_failure is not None,
-                                     timeout=timeout)
+                                     timeout=waited, deadlocked=deadlocked)
         kept = None
         failed = status in (Status.ERROR, Status.CRASH, Status.HANG) or any(
             o.status in (RankStatus.ERROR, RankStatus.CRASH, RankStatus.PEER_FAILED) for o in outcomes)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.engine.attribution import Observation, attribute, waits_for_good
+from harness.engine.attribution import DeadlockWatch, Observation, attribute, blocked_at, deadlock, waits_for_good
 from harness.engine.messages import RankResult
 from harness.results.records import RankStatus, Status
 
@@ -65,3 +65,45 @@ def test_ranks_that_returned_while_the_others_wait_in_a_collective_did_not_enter
                                  failed_first=False, timeout=30)
     assert status is Status.HANG and outcomes[0].status is RankStatus.HANG
     assert "did not enter" in outcomes[0].message
+
+
+def _op(op: str, n: int, group=WORLD) -> list:
+    return [{"op": op, "group": list(group), "dtype": "float32", "shape": [3], "step": 0}] * n
+
+
+@pytest.mark.parametrize("calls, stuck", [
+    ({0: _op("all_gather", 2), 1: _op("all_gather", 2)}, False),  # one collective together: slow, maybe
+    ({0: _op("all_gather", 2), 1: _op("all_reduce", 2)}, True),   # two operations at the same place
+    ({0: _op("all_gather", 3), 1: _op("all_gather", 2)}, True),   # rank 1 blocked in a call it did not record
+    ({0: _op("all_gather", 2), 1: []}, False),                    # rank 1 recorded nothing: nothing to prove
+    ({0: _op("all_gather", 1, [0, 1]), 1: _op("all_gather", 1, [0, 1]),
+      2: _op("all_gather", 1, [2, 3]), 3: _op("all_reduce", 1, [2, 3])}, False),  # ranks 0, 1 may complete
+])
+def test_a_deadlock_is_told_only_where_no_group_can_be_in_one_collective(calls, stuck):
+    where = deadlock(calls)
+    assert (where is not None) is stuck
+    if stuck:
+        assert set(where) == set(calls) and where[0].startswith("all_gather, its collective")
+
+
+def test_a_blocked_frame_is_the_innermost_one_in_torch_distributed_or_ddp():
+    ddp = 'Current thread 0x1 (most recent call first):\n  File "torch/nn/parallel/distributed.py", line 9 in h'
+    assert blocked_at(IN_COLLECTIVE) and blocked_at(ddp)
+    # Deeper torch.distributed frames do not count: the rank is at work in a frame of its own.
+    assert blocked_at(OUTSIDE + '\n  File "torch/distributed/algorithms/join.py", line 3 in __exit__') is None
+
+
+def test_a_deadlock_holds_after_two_looks_that_agree_and_never_while_a_rank_is_at_work():
+    calls = {0: _op("all_gather", 2), 1: _op("all_reduce", 2)}
+    stacks = {0: IN_COLLECTIVE, 1: IN_COLLECTIVE}
+    watch = DeadlockWatch([0, 1])
+    assert watch.check(calls.get, stacks.get) is None  # the first look only notes what it saw
+    assert watch.check(calls.get, stacks.get) == deadlock(calls)
+    busy = DeadlockWatch([0, 1])
+    for _ in range(4):
+        assert busy.check(calls.get, {0: IN_COLLECTIVE, 1: OUTSIDE}.get) is None
+    assert busy.pause > watch.pause  # and it looks less often
+    moving = DeadlockWatch([0, 1])
+    assert moving.check(calls.get, stacks.get) is None
+    assert moving.check({0: _op("all_gather", 2), 1: _op("all_reduce", 3)}.get, stacks.get) is None  # it moved
+

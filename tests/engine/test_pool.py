@@ -142,6 +142,18 @@ def test_skipped_collective_blames_the_rank_that_skipped():
 
 
 @pytest.mark.slow
+def test_mismatched_collectives_are_a_deadlock_ended_before_the_timeout():
+    # Rank 0 in the statistics all_gather, rank 1 in an all_reduce: each waits for a call the other never makes.
+    bad, elapsed = failing_then_passing("OtherCollectiveOnRank1", timeout=40)
+    assert bad.status == Status.HANG, bad.message
+    r0, r1 = rank(bad, 0), rank(bad, 1)
+    assert r0.status is RankStatus.HANG and r0.message.startswith("deadlocked in all_gather"), r0.message
+    assert r1.status is RankStatus.HANG and r1.message.startswith("deadlocked in all_reduce"), r1.message
+    assert "in all_gather" in r0.stack_dump and "in misbehave" in r1.stack_dump  # the evidence: both stacks
+    assert elapsed < 25, f"{elapsed:.1f}s: a proven deadlock must not wait for the 40 s timeout"
+
+
+@pytest.mark.slow
 def test_two_pools_at_once_get_distinct_ports():
     """Rendezvous ports come from the OS: two pools of the same size start side by side."""
     from harness.engine.messages import Task

@@ -92,6 +92,15 @@ class FailsOnRendezvousEnv(SyncBatchNorm):
         return super().forward(input)
 
 
+class OtherCollectiveOnRank1(_Probe):
+    """Enters an all_reduce where its peers enter the statistics all_gather: both wait for good (a deadlock)."""
+
+    def misbehave(self, input):
+        total = input.new_zeros(1)
+        dist.all_reduce(total)
+        return super().forward(input)
+
+
 class SkipCollectiveOnRank1(_Probe):
     """Normalizes with its own batch only: never enters the all_gather its peers wait in."""
 
