@@ -5,6 +5,8 @@
   compile, the training uses), ``--scenario``;
 - :mod:`~harness.search.signature`: how a record fails, in a few words (what shrinking keeps, what findings
   are grouped by);
+- :mod:`~harness.search.rules`: the decisions, pure: what an explored case's records yield, which record is the
+  shrink's target, when a shrink or the exploration stops; the findings and the shrink as data;
 - :mod:`~harness.search.explore`: rounds of exploration and shrinking on warm pools, memoized and budgeted;
 - :mod:`~harness.search.findings`: the summary (Markdown, JSON) and a repro file per finding;
 - :mod:`~harness.search.promote`: a finding's minimal case into the catalog (the ``search`` family).

@@ -3,11 +3,15 @@
 Protocol. The search runs in rounds, each one hypothesis run (generation
 and shrinking are hypothesis's; the strategy is :mod:`harness.search.space`)
 over a property that runs a drawn case on the warm pools of one
-:class:`~harness.engine.session.Session`:
+:class:`~harness.engine.session.Session` (anything with its
+:class:`SearchSession` shape). What each record decides is
+:mod:`harness.search.rules`'s; the explorer reads its clock (a callable
+passed in) and hands the readings to them:
 
 1. *Exploring*: each drawn case runs with every implementation. A failure
    whose signature (:mod:`harness.search.signature`) is new and not a known
-   issue becomes the round's *target*, and the property fails.
+   issue becomes the round's *target* (a :class:`~harness.search.rules.Shrinking`),
+   and the property fails.
 2. *Shrinking*: from then on the property runs only the target's
    implementation and fails exactly when the signature is the target's, so
    hypothesis shrinks the case to the smallest and plainest one that fails
@@ -24,9 +28,10 @@ split and settings) are tallied and kept as known findings, not shrunk.
 
 Budget: exploration stops when the time budget or the case count is spent
 (a round draws at most :data:`ROUND` cases); the shrink of a finding may
-continue past it for at most ``shrink_limit`` seconds, after which no new
-case runs and hypothesis settles on the smallest failure seen. The same seed,
-build and implementations draw the same cases.
+continue past it for at most ``shrink_limit`` seconds (and ``shrink_max_runs``
+new runs, when given), after which no new case runs and hypothesis settles on
+the smallest failure seen. The same seed, build and implementations draw the
+same cases.
 """
 
 from __future__ import annotations
@@ -36,49 +41,29 @@ import collections
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Collection, Optional, Protocol, Sequence
 
 from harness.catalog.case import Case
 from harness.errors import UsageError
 from harness.results.records import Record
+from harness.search.rules import Finding, Rules, Shrinking
 from harness.search.signature import signature
 from harness.search import systems as training
-from harness.search.space import WORLD_SIZES, size_of, strategy, without_rank
+from harness.search.space import WORLD_SIZES, strategy, without_rank
 
 ROUND = 25  # cases drawn per hypothesis run before the budget is looked at again
 # Python 3.11's exception groups (hypothesis raises one when a run found several distinct failures).
 _GROUPS = tuple(t for t in (getattr(builtins, "BaseExceptionGroup", None),) if t is not None)
 
 
-@dataclass
-class Finding:
-    """One distinct failure of one implementation: where it was first seen and its minimal case."""
+class SearchSession(Protocol):
+    """What the explorer reads of a session (:class:`~harness.engine.session.Session` has it)."""
 
-    signature: str
-    impl: str
-    known: bool
-    original: Case
-    original_record: Record
-    minimal: Case
-    record: Record  # of the minimal case
-    found_after: int  # cases explored up to and including the one that showed it
-    found_at_s: float  # seconds into the search
-    shrink_runs: int = 0  # runs of the implementation while shrinking
-    occurrences: int = 1  # explored cases that failed this way
-    link: Optional[str] = None
-    repro_file: Optional[str] = None
-    repro_verdict: Optional[str] = None  # what the repro file did when run alone (or why it is the long form)
+    impls: Sequence  # the adapters, each with a ``name``
+    unavailable: Collection[str]  # names of those that cannot run here
 
-    def to_dict(self) -> dict:
-        return {"signature": self.signature, "impl": self.impl, "known": self.known, "link": self.link,
-                "status": self.record.status.value, "message": self.record.message,
-                "minimal_case": self.minimal.id, "minimal_params": self.minimal.params(),
-                "minimal": self.minimal.to_dict(),
-                "minimal_size": size_of(self.minimal), "original_case": self.original.id,
-                "original_size": size_of(self.original), "found_after_cases": self.found_after,
-                "found_at_s": round(self.found_at_s, 2), "shrink_runs": self.shrink_runs,
-                "occurrences": self.occurrences, "repro_file": self.repro_file,
-                "repro_verdict": self.repro_verdict}
+    def run_one(self, case: Case, impl) -> Record:
+        """The record of one (case, implementation)."""
 
 
 @dataclass
@@ -137,21 +122,24 @@ def _fail(case: Case, record: Record) -> None:
 
 
 class Explorer:
-    """One search over ``session``'s implementations (see the module docstring)."""
+    """One search over ``session``'s implementations (see the module docstring); ``clock`` is read for the
+    budget, the shrink's deadline and the findings' times (seconds, any origin)."""
 
-    def __init__(self, session, *, seed: int = 0, budget_s: Optional[float] = None, max_cases: Optional[int] = None,
-                 shrink_limit_s: Optional[float] = None, backends: tuple = (None, "nccl-contract"),
+    def __init__(self, session: SearchSession, *, seed: int = 0, budget_s: Optional[float] = None,
+                 max_cases: Optional[int] = None, shrink_limit_s: Optional[float] = None,
+                 shrink_max_runs: Optional[int] = None, backends: tuple = (None, "nccl-contract"),
                  world_sizes: Optional[tuple] = None, allow_large: bool = True, systems: tuple = ("layer",),
                  on_case: Optional[Callable[["Explorer"], None]] = None,
-                 on_finding: Optional[Callable[[Finding], None]] = None):
-        if budget_s is None and max_cases is None:
-            raise ValueError("a search needs a time budget or a number of cases")
+                 on_finding: Optional[Callable[[Finding], None]] = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.rules = Rules(budget_s=budget_s, max_cases=max_cases, shrink_max_runs=shrink_max_runs,
+                           shrink_limit_s=(shrink_limit_s if shrink_limit_s is not None
+                                           else Rules.default_shrink_limit(budget_s)))
         self.session = session
         self.impls = [i for i in session.impls if i.name not in session.unavailable]
+        self._impl_named = {i.name: i for i in self.impls}
         self.seed = seed
-        self.budget_s = budget_s
-        self.max_cases = max_cases
-        self.shrink_limit_s = shrink_limit_s if shrink_limit_s is not None else max(60.0, (budget_s or 240.0) / 4)
+        self.clock = clock
         self.backends = backends
         self.world_sizes = tuple(world_sizes or WORLD_SIZES)
         self.allow_large = allow_large
@@ -169,10 +157,7 @@ class Explorer:
         self.result = SearchResult(seed=seed, impls=[i.name for i in session.impls])
         self._memo: dict[tuple[str, str], Record] = {}
         self._by_signature: dict[str, Finding] = {}
-        self._target: Optional[tuple] = None  # (impl, signature) being shrunk
-        self._shrink_runs = 0
-        self._shrink_until = 0.0
-        self._shrink_started: Optional[float] = None
+        self._shrinking: Optional[Shrinking] = None  # the round's target, once it has one
         self._shrink_s = 0.0  # time spent shrinking (not exploration: the rate leaves it out)
         self._t0 = 0.0
 
@@ -188,74 +173,68 @@ class Explorer:
 
     def elapsed(self) -> float:
         """Seconds since the search started."""
-        return time.monotonic() - self._t0
+        return self.clock() - self._t0
 
     def _spent(self) -> bool:
-        if self.max_cases is not None and self.result.cases_explored >= self.max_cases:
-            return True
-        return self.budget_s is not None and time.monotonic() - self._t0 >= self.budget_s
+        return self.rules.spent(self.result.cases_explored, self.elapsed())
 
     def _property(self, case: Case) -> None:
-        if self._target is not None:
+        if self._shrinking is not None:
             return self._shrink_step(case)
         if self._spent():
             return None  # the round ends without running what is left of it
         self.result.cases_explored += 1
-        failing = None
+        records = []
         for impl in self.impls:
             rec = self._run(case, impl)
             self.result.statuses[rec.status.value] += 1
-            sig = signature(rec)
-            if sig is None:
-                continue
-            if sig in self._by_signature:
-                self._by_signature[sig].occurrences += 1
-                continue
-            if rec.known:
-                self._add(Finding(sig, impl.name, True, case, rec, case, rec, self.result.cases_explored,
-                                  time.monotonic() - self._t0, link=rec.known_issue.link))
-                continue
-            if failing is None:
-                failing = (impl, sig, rec)
+            records.append((impl.name, rec))
+        now = self.clock()
+        out = self.rules.explored(case, records, self._by_signature, self.result.cases_explored, now,
+                                  now - self._t0)
+        for finding in out.known:
+            self._add(finding)
+        for sig in out.again:
+            self._by_signature[sig].occurrences += 1
         if self.on_case:
             self.on_case(self)
-        if failing is not None:
-            impl, sig, rec = failing
-            self._target = (impl, sig, case, rec, self.result.cases_explored, time.monotonic() - self._t0)
-            self._shrink_runs = 0
-            self._shrink_started = time.monotonic()
-            self._shrink_until = self._shrink_started + self.shrink_limit_s
-            _fail(case, rec)
+        if out.shrink is not None:
+            self._shrinking = out.shrink
+            _fail(case, out.shrink.record)
         return None
+
+    def _shrink_run(self, case: Case) -> Optional[Record]:
+        """The shrink implementation's record of ``case``: memoized, or run while the shrink may run new cases
+        (a new run counted); None when it may not (only cases already run can still fail)."""
+        s = self._shrinking
+        if (case.id, s.impl) not in self._memo:
+            if self.rules.must_stop(s, self.clock()):
+                return None
+            s.runs += 1
+        return self._run(case, self._impl_named[s.impl])
 
     def _shrink_step(self, case: Case) -> None:
-        impl, sig = self._target[0], self._target[1]
-        key = (case.id, impl.name)
-        if key not in self._memo:
-            if time.monotonic() > self._shrink_until:
-                return None  # out of shrinking time: only cases already run can still fail
-            self._shrink_runs += 1
-        rec = self._run(case, impl)
-        if signature(rec) == sig:
+        rec = self._shrink_run(case)
+        if rec is not None and self.rules.is_target(self._shrinking, rec):
             _fail(case, rec)
         return None
 
-    def _fewer_ranks(self, case: Case, record: Record, impl, sig: str) -> tuple[Case, Record]:
+    def _fewer_ranks(self, case: Case, record: Record) -> tuple[Case, Record]:
         """Hypothesis shrinks each draw; a rank is several draws (its batch, spatial size, per-step sizes) that
         it rarely removes together. So after it, try the case without each rank in turn, keeping the first
-        that fails the same way, until none does, two ranks remain or the shrink time is out."""
+        that fails the same way, until none does, two ranks remain or the shrink may run no new case."""
         improved = True
-        while improved and case.world_size > 2 and time.monotonic() <= self._shrink_until:
+        while improved and case.world_size > 2:
             improved = False
             for rank in range(case.world_size):
                 # A training-system case's ranks are one drawn list, which hypothesis shortens itself.
                 smaller = without_rank(case, rank) if training.system_of(case) is None else None
                 if smaller is None:
                     continue
-                if (smaller.id, impl.name) not in self._memo:
-                    self._shrink_runs += 1
-                rec = self._run(smaller, impl)
-                if signature(rec) == sig:
+                rec = self._shrink_run(smaller)
+                if rec is None:
+                    return case, record
+                if self.rules.is_target(self._shrinking, rec):
                     case, record, improved = smaller, rec, True
                     break
         return case, record
@@ -281,23 +260,17 @@ class Explorer:
         def prop(case):
             self._property(case)
 
-        self._target = None
+        self._shrinking = None
         try:
             prop()
         except (_Found, *_GROUPS) as exc:
             found = _found_in(exc)
-            impl, sig, original, original_rec, after, at = self._target
-            minimal, record = self._fewer_ranks(found.case, found.record, impl, sig)
-            # A known issue's patterns may name what only the shrunk case shows plainly (an empty rank that the
-            # original had at a later step only): the minimal record decides.
-            self._add(Finding(sig, impl.name, record.known, original, original_rec, minimal, record, after, at,
-                              shrink_runs=self._shrink_runs,
-                              link=record.known_issue.link if record.known else None))
+            minimal, record = self._fewer_ranks(found.case, found.record)
+            self._add(self.rules.finding(self._shrinking, minimal, record))
         finally:
-            self._target = None
-            if self._shrink_started is not None:
-                self._shrink_s += time.monotonic() - self._shrink_started
-                self._shrink_started = None
+            shrinking, self._shrinking = self._shrinking, None
+            if shrinking is not None:
+                self._shrink_s += self.clock() - shrinking.started
 
     def _strategy(self):
         """Layer cases, training-system cases, or either (hypothesis shrinks a ``one_of`` toward its first)."""
@@ -316,20 +289,20 @@ class Explorer:
 
     def run(self) -> SearchResult:
         """Explore until the budget is spent; return what was found."""
-        self._t0 = time.monotonic()
+        self._t0 = self.clock()
         number = 0
         while not self._spent():
             before, found_before = self.result.cases_explored, len(self.result.findings)
-            left = ROUND if self.max_cases is None else min(ROUND, self.max_cases - self.result.cases_explored)
+            max_cases = self.rules.max_cases
+            left = ROUND if max_cases is None else min(ROUND, max_cases - self.result.cases_explored)
             self._round(number, left)
             number += 1
             if self.result.cases_explored == before and len(self.result.findings) == found_before:
                 self.result.stopped_by = "no case left to draw"
                 break
         if not self.result.stopped_by:
-            self.result.stopped_by = ("max-cases" if self.max_cases is not None
-                                      and self.result.cases_explored >= self.max_cases else "budget")
-        self.result.elapsed_s = time.monotonic() - self._t0
+            self.result.stopped_by = self.rules.stopped_by(self.result.cases_explored)
+        self.result.elapsed_s = self.elapsed()
         self.result.explore_s = max(self.result.elapsed_s - self._shrink_s, 1e-9)
         self.result.findings.sort(key=lambda f: (f.known, f.found_after))
         return self.result
