@@ -19,18 +19,14 @@ import tempfile
 from pathlib import Path
 from typing import Iterable, Optional
 
-from harness.catalog.case import Case
 from harness.errors import UsageError
 from harness.catalog.found import FILENAME, default_path, load, promoted_cases  # noqa: F401 - reading side
-from harness.results.records import Status
+from harness.search.rules import Finding
 
-def from_summary(summary: Path, numbers: Iterable[int] = ()) -> list:
+
+def from_summary(summary: Path, numbers: Iterable[int] = ()) -> list[Finding]:
     """The new findings of a ``findings.json`` (``numbers``: only these, counted from 1 as the summary lists
-    them), as objects :func:`promote` takes; a bad file or number is a usage error naming it."""
-    from types import SimpleNamespace
-
-    from harness.results.records import Record
-
+    them), as :func:`promote` takes them; a bad file or number is a usage error naming it."""
     try:
         data = json.loads(Path(summary).read_text(encoding="utf-8"))
         listed = data["findings"]
@@ -45,10 +41,10 @@ def from_summary(summary: Path, numbers: Iterable[int] = ()) -> list:
         if "minimal" not in f:
             raise UsageError(f"finding {n} of {summary} has no case data (written by an older search): run the "
                              "search again")
-        record = Record(case=f["minimal_case"], family="search", params=f["minimal_params"], impl=f["impl"],
-                        status=Status(f["status"]), message=f.get("message") or "")
-        out.append(SimpleNamespace(minimal=Case.from_dict(f["minimal"]), signature=f["signature"], impl=f["impl"],
-                                   record=record))
+        try:
+            out.append(Finding.from_dict(f))
+        except (KeyError, ValueError, TypeError) as exc:
+            raise UsageError(f"finding {n} of {summary} is not a search finding: {exc!r}") from None
     return out
 
 

@@ -29,7 +29,7 @@ def tensor_kind(metric_name: str) -> str:
     return MetricKey.parse(metric_name).kind
 
 
-def evidence(record: Record) -> str:
+def failure_words(record: Record) -> str:
     """What failed (see the module docstring)."""
     parts = []
     if record.desync:
@@ -59,7 +59,7 @@ def _first(names: list[str]) -> str:
 
 
 def signature(record: Record) -> Optional[str]:
-    """``impl: status (evidence)`` for a failure (known or not), None for anything else."""
+    """``impl: status (failure words)`` for a failure (known or not), None for anything else."""
     if record.status not in (Status.MISMATCH, Status.ERROR, Status.CRASH, Status.HANG):
         return None
-    return f"{record.impl}: {record.status.value} ({evidence(record)})"
+    return f"{record.impl}: {record.status.value} ({failure_words(record)})"
