@@ -22,7 +22,7 @@ The package, lowest layer first (a module imports only from layers below it; tes
 - :mod:`~harness.commands`: the command line (``python -m harness``: ``__main__``).
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Version of the record format (harness.records); bump on any incompatible change.
 SCHEMA_VERSION = 2

@@ -60,7 +60,7 @@ def _v1_to_v2(d: dict) -> dict:
 # schema_version -> function migrating a record dict of that version to the next one.
 MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2}
 # The first harness release that writes each schema version (for the refusal message).
-HARNESS_FOR_SCHEMA = {1: "0.1.0", 2: "0.1.0"}
+HARNESS_FOR_SCHEMA = {1: "0.1.0", 2: "0.2.0"}
 
 
 def migrate(d: dict, source: str) -> dict:
