@@ -41,7 +41,6 @@ from harness.paths import CACHE_FOLDERS, cache_root
 DEPTHS = {"kernels": 1, "environments": 1, "overlays": 2, "compile": 1, "bisect": 2, "logs": 1, "torchrun": 1,
           "indexes": 1, "uv": 0, "apex": 1}
 KINDS = {kind: (CACHE_FOLDERS[kind], depth) for kind, depth in DEPTHS.items()}
-assert set(KINDS) == set(CACHE_FOLDERS), "every cache folder needs its depth in DEPTHS"
 LOCKED = ("kernels", "environments", "overlays", "apex")  # kinds whose maker holds <entry>.lock while making it
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.I)
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$", re.I)

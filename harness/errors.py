@@ -16,6 +16,7 @@ EXIT_USAGE = 2  # a bad option, an unknown case or implementation
 EXIT_HARNESS = 3  # the harness could not do its work (a kernel build, a store, no rank could start)
 EXIT_UNTESTABLE = 125  # `git bisect run`'s "this commit cannot be tested": check's answer when it cannot judge
 EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+EXIT_PARENT_GONE = 70  # a rank process whose harness died (EX_SOFTWARE): it leaves at once, nothing to report to
 
 
 class HarnessError(Exception):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.cache import entries, parse_age, parse_size, prune
+from harness.cache import KINDS, entries, parse_age, parse_size, prune
 from harness.errors import UsageError
 
 DAY = 86400.0
@@ -126,3 +126,9 @@ def test_cache_folders_are_named_in_one_place():
                     and getattr(node.left.func, "id", None) == "cache_root"):
                 wrong.append(f"{p.relative_to(root)}:{node.lineno}")
     assert not wrong, "cache_root() / <name> outside harness/paths.py (use cache_folder(kind)): " + ", ".join(wrong)
+
+
+def test_every_cache_folder_has_its_depth():
+    from harness.paths import CACHE_FOLDERS
+
+    assert set(KINDS) == set(CACHE_FOLDERS)

@@ -44,6 +44,7 @@ from harness.catalog.case import Case
 from harness.engine import compiled, nccl_contract
 from harness.engine.collectives import begin_task, forbid_collectives, install_recorder, mark_step, recorded
 from harness.engine.messages import RankResult, Task
+from harness.errors import EXIT_PARENT_GONE
 from harness.impls.registry import resolve
 from harness.judge.desync import eval_checks, group_checks
 from harness.results.records import RankStatus
@@ -168,12 +169,12 @@ def die_with_parent(harness_pid: int) -> None:
         return False
 
     if gone():
-        os._exit(70)
+        os._exit(EXIT_PARENT_GONE)
 
     def watch():
         while True:
             if gone():
-                os._exit(70)
+                os._exit(EXIT_PARENT_GONE)
             time.sleep(PARENT_POLL_S)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()

@@ -42,7 +42,6 @@ NOT_RUN = frozenset({Status.SKIPPED, Status.UNSUPPORTED})
 # Every status, worst first: the order reports and tables sort and color by.
 WORST_FIRST = (Status.CRASH, Status.HANG, Status.ERROR, Status.MISMATCH, Status.PASS, Status.UNSUPPORTED,
                Status.SKIPPED)
-assert set(WORST_FIRST) == set(Status), "WORST_FIRST must order every Status"
 
 
 class RankStatus(str, enum.Enum):

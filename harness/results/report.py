@@ -54,7 +54,6 @@ COLORS = {
     "pass": "#2e7d32", "unsupported": "#9e9e9e", "skipped": "#cfd8dc",
 }
 LEGEND = {"known": "known issue (expected failure)"}
-assert set(COLORS) == set(SEVERITY), "every status needs a color"
 
 
 class ReportError(HarnessError):

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from harness.results.progress import Progress, format_counts, format_line, wanted
-from harness.results.records import Record, Status
-from harness.results.report import COLORS
+from harness.results.records import WORST_FIRST, Record, Status
+from harness.results.report import COLORS, SEVERITY
 from harness.results.store import Store
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
@@ -316,3 +316,8 @@ def test_run_draws_progress_on_a_terminal_but_not_with_json(tmp_path):
     code, out, term = _run_on_a_tty(["run", *sel, "--format", "json"], harness_env(tmp_path))
     assert code == 0 and out.lstrip().startswith("[")
     assert "cases |" not in term, term[-2000:]
+
+
+def test_every_status_has_an_order_and_a_color():
+    assert sorted(WORST_FIRST, key=str) == sorted(Status, key=str) and len(WORST_FIRST) == len(Status)
+    assert set(COLORS) == set(SEVERITY)
