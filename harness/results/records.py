@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import asdict, dataclass, field, fields
-from typing import Iterable, Optional
+from typing import Optional
 
 from harness import SCHEMA_VERSION
 from harness.judge.metric import Metric, worst_ratio
@@ -266,8 +266,3 @@ def check_fields(d: dict) -> None:
             raise TypeError(f"field {k!r} is {type(v).__name__} {str(v)[:40]!r}, expected {names_of}")
     if "status" in d and not (isinstance(d["status"], str) and d["status"] in Status._value2member_map_):
         raise ValueError(f"status {str(d['status'])[:40]!r} is not one of {', '.join(s.value for s in Status)}")
-
-
-def exit_code(records: Iterable[Record]) -> int:
-    """``run``'s exit code over its records: 1 on any unexpected failure, else 0."""
-    return 1 if any(r.failed for r in records) else 0

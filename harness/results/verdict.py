@@ -81,3 +81,10 @@ def judge(records: Iterable[Record]) -> Judgement:
         return Judgement(Verdict.BAD, f"{len(bad)} of {len(runnable)} failed; first: {first.status.value} "
                                       f"{first.case} [{first.impl}] {first.message}", **counts)
     return Judgement(Verdict.GOOD, f"{len(runnable)} passed", **counts)
+
+
+def exit_code(records: Iterable[Record]) -> int:
+    """``run``'s exit code over its records: 1 when :func:`judge` finds the build bad (an unexpected failure),
+    else 0 (unlike ``check``, a run that could run nothing is no failure of the build)."""
+    return EXIT_FOUND if judge(records).verdict is Verdict.BAD else 0
+
