@@ -50,7 +50,7 @@ from harness.engine.attribution import (DeadlockWatch, Observation, attribute, d
                                         waits_for_good)
 from harness.engine.collectives import read_sink
 from harness.engine.messages import RankResult, Task, TaskOutcome
-from harness.engine.reuse import reusable
+from harness.engine.reuse import raised_in_collective, reusable
 from harness.engine.rank import START_TIMEOUT_S, calls_path, rank_main, timedelta
 from harness.errors import HarnessError
 from harness.results.records import RankStatus, Status
@@ -202,6 +202,11 @@ class Pool:
         """Send ``task`` to every rank and attribute what each did (see the module docstring)."""
         if not self.alive:
             self.start()
+        for r in range(self.world_size):
+            # Every rank is idle between tasks: emptied now, a rank's sink holds this task's collectives only, also
+            # before the rank has begun it (read then, the last task's would pass for this one's).
+            with contextlib.suppress(FileNotFoundError):
+                os.truncate(calls_path(str(self.logdir / f"rank{r}.log")), 0)
         for conn in self.conns:
             try:
                 conn.send({"op": "run", "task": task.to_dict()})
@@ -272,6 +277,9 @@ class Pool:
         A rank whose case is ambiguous (a dead member of its group issued as many collectives) has its stack
         dumped once; a dump that shows it inside a collective is kept in ``dumps`` as its evidence.
         """
+        if any(ob.result is not None and ob.result.status is RankStatus.ERROR
+               and raised_in_collective(ob.result.traceback) for ob in observations.values()):
+            return False  # a collective failed under a rank: a peer may be dying, and its death is the cause
         done = {r: (ob.result.collectives if ob.result is not None else ob.collectives or self.calls_of(r) or [],
                     ob.died) for r, ob in observations.items() if r not in pending}
         for r in sorted(pending):
