@@ -245,6 +245,11 @@ def test_a_flag_out_of_its_mode_is_refused_with_the_fix(modes, given, message):
 
 
 def test_flags_in_their_modes_pass():
-    refuse_flags({NIGHTLIES, INSIDE_DAY}, {"--strict": True, "--on-path": ("x",), "--pytorch-repo": "/p",
-                                           "--package": "torch", "--binary": ()})
-    refuse_flags({OVERLAY}, {"--base": "r", "--binary": ("p=r",), "--strict": True, "--versions": []})
+    inside_day = {"--strict": True, "--on-path": ("x",), "--pytorch-repo": "/p", "--package": "torch", "--binary": ()}
+    overlay = {"--base": "r", "--binary": ("p=r",), "--strict": True, "--versions": []}
+    assert refuse_flags({NIGHTLIES, INSIDE_DAY}, inside_day) is None
+    assert refuse_flags({OVERLAY}, overlay) is None
+    # The same flags out of those modes are refused: the modes, not the flags, let them through.
+    for modes, given in (({RELEASES}, inside_day), ({NIGHTLIES}, overlay)):
+        with pytest.raises(UsageError):
+            refuse_flags(modes, given)
