@@ -116,8 +116,8 @@ class Store:
         """Check, before a run, that records of build ``key`` can be appended here.
 
         Raises :class:`StoreError` if the directory is not writable or the
-        file holds records of a newer schema, or a line that is not a record
-        (nothing is written then). The check brings the build's rows of the
+        file holds records of a newer schema, or a JSON line the reader refuses
+        as a record (a torn tail is skipped; nothing is written then). The check brings the build's rows of the
         index up to date (only what was appended since), so that ``run
         --resume`` then reads its latest records (:meth:`latest`) without
         reading the file again.
@@ -257,7 +257,6 @@ class Store:
     def modes(self) -> dict[str, str]:
         """Each implementation's modes, comma-separated."""
         return self._asked().modes()
-
 
 
 def _write_all(fd: int, data: bytes) -> None:
