@@ -32,7 +32,7 @@ def test_index_options_and_pips_configuration_become_uvs_flags(tmp_path):
         "--find-links", str(tmp_path)]
     cmd, env = install_command("pip", Path("/env/bin/python"), ["torch==2.13.0"], IndexOptions(pre=True))
     assert cmd[1:] == ["-m", "pip", "--python", "/env/bin/python", "install", "--disable-pip-version-check",
-                       "torch==2.13.0", "--pre"] and env == {}
+                       "--no-compile", "torch==2.13.0", "--pre"] and env == {}
     with pytest.raises(UsageError, match="choose among auto, pip, uv"):
         choose("conda")
 
