@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 DATA = r'''
 
 def data():
-    """The parameters and each step's per-rank (input, upstream gradient), drawn in float64 from SEED."""
+    """The parameters and each step's per-rank (input, upstream gradient), drawn in float64 from SEED@@DRAWN@@"""
     g = torch.Generator().manual_seed(SEED)
     f64 = dict(dtype=torch.float64, generator=g)
     off, scale = torch.randn(C, **f64), torch.rand(C, **f64) * 1.5 + 0.5
@@ -43,10 +43,16 @@ def data():
         steps.append([])
         for n, sp in zip(sizes, SPATIAL):
             shape, b = (n, C, *sp), (1, C) + (1,) * len(sp)
-            x = torch.randn(shape, **f64) * scale.view(b) + off.view(b)
-@@HOSTILE@@            steps[-1].append((x.to(DTYPE).double(), torch.randn(shape, **f64).to(DTYPE).double()))
+            x = @@NORMALS@@@@WIDEN@@ * scale.view(b) + off.view(b)
+@@HOSTILE@@            steps[-1].append((x.to(DTYPE).double(), @@NORMALS@@.to(DTYPE).double()))
     return {k: v.to(PARAM_DTYPE) for k, v in params.items()}, steps
 '''
+
+# The samples' standard normals, drawn in float64 or (search's cases) in float32: the draw, what widens it for
+# the input's arithmetic, and the end of the data's docstring.
+NORMALS = {"float64": ("torch.randn(shape, **f64)", "", "."),
+           "float32": ("torch.randn(shape, dtype=torch.float32, generator=g)", ".double()",
+                       "\n    (the samples' standard normals drawn in float32).")}
 
 HOSTILE = r"""            x = x * INPUT_SCALE + INPUT_MEAN
             for c in CONSTANT_CHANNELS:
@@ -323,6 +329,13 @@ def hostile(v: dict) -> bool:
     return v["input_mean"] != 0.0 or v["input_scale"] != 1.0 or bool(v["constant"])
 
 
+def data_block(v: dict) -> str:
+    """The ``data`` function: hostile inputs where the case has them, normals in the case's dtype."""
+    draw, widen, drawn = NORMALS[v["normals"]]
+    return (DATA.replace("@@HOSTILE@@", HOSTILE if hostile(v) else "").replace("@@NORMALS@@", draw)
+            .replace("@@WIDEN@@", widen).replace("@@DRAWN@@", drawn))
+
+
 def check_block(sym) -> str:
     """The ``check`` function for the symptom's aspect."""
     if sym.status != "mismatch" or sym.aspect == "value":
@@ -355,7 +368,7 @@ def render(v: dict, *, cuda: bool, stand_ins: bool = True) -> str:
     gap = "\n\n" if "\ndef " in "\n" + v["import_line"] else ""  # two blank lines after a function
     parts = ["#!/usr/bin/env python3", "\n".join(doc) + '\n"""', IMPORTS, "\n" + v["import_line"] + "\n\n",
              gap + constants(v) + f"DEVICE = {device}\nBACKEND = {backend}\n",
-             DATA.replace("@@HOSTILE@@", HOSTILE if hostile(v) else ""), TOLERANCE,
+             data_block(v), TOLERANCE,
              OBSERVE_DEF.replace("@@OBSERVE@@", OBSERVE[quantity])]
     if quantity in ("grad_weight", "grad_bias"):
         parts.append(TOTAL)

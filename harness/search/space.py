@@ -208,20 +208,26 @@ def traits(case_fields: dict) -> list[str]:
 
 
 def make_case(**fields) -> Case:
-    """A search case with its ID (see the module docstring); the digest covers every parameter (seed 0 unless
-    given)."""
+    """A search case with its ID (see the module docstring; the digest is :func:`digest`): seed 0 and normals
+    drawn in float32 unless given."""
     from dataclasses import replace
 
     fields.setdefault("seed", 0)
+    fields.setdefault("normals", "float32")
     probe = Case(id=f"{FAMILY}/-", family=FAMILY, default=False, **fields)
     f = probe.to_dict()
-    body = json.dumps({k: v for k, v in f.items() if k not in ("id", "family", "default", "note")}, sort_keys=True)
-    digest = f"{zlib.crc32(body.encode()) & 0xFFFFFFFF:08x}"
     tags = traits(f)
     shape = "x".join(map(str, (f"c{probe.channels}", *probe.spatial[0])))
     cid = (f"{FAMILY}/{probe.dtype}-{probe.param_dtype}/{probe.memory_format}/{split_label(probe.batch_sizes)}/"
-           f"{shape}/{'+'.join(tags) or 'plain'}/{'-'.join(probe.steps)}/ws{probe.world_size}-{digest}")
+           f"{shape}/{'+'.join(tags) or 'plain'}/{'-'.join(probe.steps)}/ws{probe.world_size}-{digest(probe)}")
     return replace(probe, id=cid)
+
+
+def digest(case: Case) -> str:
+    """Eight hex digits over every parameter of ``case`` but its name, family, selection and note."""
+    f = case.to_dict()
+    body = json.dumps({k: v for k, v in f.items() if k not in ("id", "family", "default", "note")}, sort_keys=True)
+    return f"{zlib.crc32(body.encode()) & 0xFFFFFFFF:08x}"
 
 
 def without_rank(case: Case, rank: int) -> Optional[Case]:

@@ -35,12 +35,10 @@ file's patterns can name them.
 
 from __future__ import annotations
 
-import json
-import zlib
 from typing import Optional
 
 from harness.catalog.case import CONVERSION_MODELS, Case
-from harness.search.space import FAMILY, split_label
+from harness.search.space import FAMILY, digest, split_label
 
 SYSTEMS = ("model", "ddp", "compile", "conversion", "validation", "activation-checkpoint", "double-backward",
            "autocast", "script", "join")
@@ -126,9 +124,6 @@ def make_case(system: str, **fields) -> Case:
     from dataclasses import replace
 
     probe = Case(id=f"{FAMILY}/-", family=FAMILY, default=False, **fields)
-    f = probe.to_dict()
-    body = json.dumps({k: v for k, v in f.items() if k not in ("id", "family", "default", "note")}, sort_keys=True)
-    digest = f"{zlib.crc32(body.encode()) & 0xFFFFFFFF:08x}"
     tags = [t.replace("=", "-").replace("_", "-") for t in probe.ddp] + list(probe.options)
     if probe.momentum is None:
         tags.append("momentum-none")
@@ -138,7 +133,7 @@ def make_case(system: str, **fields) -> Case:
     if probe.use and probe.use.startswith("checkpoint-"):
         tags.append(probe.use)
     cid = (f"{FAMILY}/system/{system}/{probe.model}/{probe.dtype}/{split_label(probe.batch_sizes)}/"
-           f"{'+'.join(tags) or 'plain'}/{'-'.join(probe.steps)}/ws{probe.world_size}-{digest}")
+           f"{'+'.join(tags) or 'plain'}/{'-'.join(probe.steps)}/ws{probe.world_size}-{digest(probe)}")
     return replace(probe, id=cid)
 
 
