@@ -99,3 +99,16 @@ def test_the_next_command_waits_until_the_last_one_left_nothing_running():
     while _running_in(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _running_in(proc.pid)
+
+
+def test_a_search_figure_reads_the_rate_the_search_reports(tmp_path):
+    """The rate comes from the search's own summary line (exploring only), in this tree's real output."""
+    from harness.bench import commands as bench_commands
+
+    tree = bench_commands.Tree("this tree", bench_commands.ROOT, bench_commands.python_path(bench_commands.ROOT))
+    args = bench_commands.figure_args("search")
+    args[args.index("--max-cases") + 1] = "4"
+    elapsed, rate = bench_commands.time_command(tree, args, tmp_path)
+    assert elapsed > 0 and rate is not None and 0 < rate < 1000, (elapsed, rate)
+    _, none = bench_commands.time_command(tree, ["list", "impls"], tmp_path)
+    assert none is None

@@ -23,10 +23,13 @@ Figures (every one a command line, the same for both trees):
   once (the reference, torch, the test suite's textbook SyncBN and its planted
   defects); the ratio of N to 1 says how a run scales with implementations;
 - ``search``: ``search`` of the reference over :data:`SEARCH_CASES` generated cases
-  (seed 0: the same cases in both trees), its time the inverse of the search rate;
+  (seed 0: the same cases in both trees): a correct implementation's search rate;
 - ``search-fail``: the same over :data:`SEARCH_FAIL_CASES` cases of an implementation that
   raises on every rank (:data:`FAILING_PLUGIN`, written by the bench): the rate when every case
   fails, where a pool restart per failure used to dominate.
+
+Both search figures also give the rate the search itself reports, cases explored per second of
+exploring (start-up and shrinking left out), the median of each tree's runs.
 
 Each is timed ``--repeat`` times per tree (the median is reported); records
 go to a temporary store removed afterwards, as is the exported baseline. A
@@ -38,6 +41,7 @@ its command returns must not be charged to the other tree's next turn.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -74,6 +78,8 @@ class RaisesOnEveryRank(torch.nn.SyncBatchNorm):
     def forward(self, input):
         raise ValueError("bench: raises on every rank, before any collective")
 ''')
+# What a search prints of its rate: "150 cases explored in 30s (5.03 cases/s), ..."
+SEARCH_RATE = re.compile(r"cases explored in \S+ \(([0-9.]+) cases/s\)")
 COMMAND_TIMEOUT_S = 1800
 QUIET_TIMEOUT_S = 60.0
 
@@ -159,8 +165,9 @@ def python_path(root: Path) -> dict:
     return {"PYTHONPATH": os.pathsep.join(p for p in parts if p)}
 
 
-def time_command(tree: Tree, args: list[str], scratch: Path) -> float:
-    """Wall seconds of one run of ``args`` in ``tree`` (exit 0 or 1: a finding is not a failure of the bench)."""
+def time_command(tree: Tree, args: list[str], scratch: Path) -> tuple[float, Optional[float]]:
+    """Wall seconds of one run of ``args`` in ``tree`` (exit 0 or 1: a finding is not a failure of the bench), and
+    the rate a search reports (None for other commands)."""
     store = Path(tempfile.mkdtemp(prefix="store-", dir=scratch))
     cmd = tree.command(args, store)
     t0 = time.perf_counter()
@@ -179,7 +186,8 @@ def time_command(tree: Tree, args: list[str], scratch: Path) -> float:
     if proc.returncode not in (0, 1) or "Traceback (most recent call last)" in (stderr or ""):
         tail = "\n".join((stderr or stdout).strip().splitlines()[-15:])
         raise RuntimeError(f"{tree.label}: `{' '.join(cmd)}` exited {proc.returncode}:\n{tail}")
-    return elapsed
+    rate = SEARCH_RATE.search(stdout or "") if args[0] == "search" else None
+    return elapsed, float(rate.group(1)) if rate else None
 
 
 def await_quiet(session: int, timeout: float = QUIET_TIMEOUT_S) -> None:
@@ -237,11 +245,17 @@ def bench_run(baseline: Optional[str], figures: tuple[str, ...], repeat: int, wa
                 for tree in trees:
                     time_command(tree, args, scratch)
             times: dict[str, list[float]] = {t.label: [] for t in trees}
+            rates: dict[str, list[float]] = {t.label: [] for t in trees}
             for _ in range(repeat):
                 for tree in trees:
-                    times[tree.label].append(time_command(tree, args, scratch))
+                    elapsed, rate = time_command(tree, args, scratch)
+                    times[tree.label].append(elapsed)
+                    if rate is not None:
+                        rates[tree.label].append(rate)
             row = {"figure": name, "command": " ".join(args)}
             row.update({t.label: statistics.median(times[t.label]) for t in trees})
+            if all(rates.values()):
+                row["cases/s"] = {t.label: statistics.median(rates[t.label]) for t in trees}
             if baseline:
                 row["ratio"] = row["this tree"] / row[trees[0].label]
             rows.append(row)
@@ -256,7 +270,10 @@ def bench_run(baseline: Optional[str], figures: tuple[str, ...], repeat: int, wa
 def format_row(row: dict, trees: list[Tree]) -> str:
     cells = "  ".join(f"{t.label}: {row[t.label]:7.2f} s" for t in trees)
     ratio = f"  ratio {row['ratio']:.2f}x" if "ratio" in row else ""
-    return f"{row['figure']:10s} {cells}{ratio}"
+    rates = ""
+    if "cases/s" in row:
+        rates = "\n" + " " * 11 + "  ".join(f"{t.label}: {row['cases/s'][t.label]:5.1f} cases/s" for t in trees)
+    return f"{row['figure']:10s} {cells}{ratio}{rates}"
 
 
 def scaling_summary(rows: list[dict], trees: list[Tree]) -> str:
