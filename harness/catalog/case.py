@@ -60,7 +60,7 @@ DTYPES = {
     "float64": torch.float64,
 }
 # The dtypes a case's standard normals may be drawn in. torch draws float64 normals on CPU one value at a time
-# and float32 ones vectorized, about 8 times faster: search, whose cases are new, draws in float32; the
+# and float32 ones vectorized, about five times faster: search, whose cases are new, draws in float32; the
 # catalog's cases keep float64, since changing a case's draws would change its data under its stored records.
 NORMALS = {"float64": torch.float64, "float32": torch.float32}
 MEMORY_FORMATS = {

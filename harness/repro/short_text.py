@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 DATA = r'''
 
 def data():
-    """The parameters and each step's per-rank (input, upstream gradient), drawn in float64 from SEED@@DRAWN@@"""
+    """The parameters and each step's per-rank (input, upstream gradient), @@DRAWN@@"""
     g = torch.Generator().manual_seed(SEED)
     f64 = dict(dtype=torch.float64, generator=g)
     off, scale = torch.randn(C, **f64), torch.rand(C, **f64) * 1.5 + 0.5
@@ -50,9 +50,9 @@ def data():
 
 # The samples' standard normals, drawn in float64 or (search's cases) in float32: the draw, what widens it for
 # the input's arithmetic, and the end of the data's docstring.
-NORMALS = {"float64": ("torch.randn(shape, **f64)", "", "."),
+NORMALS = {"float64": ("torch.randn(shape, **f64)", "", "drawn in float64 from SEED."),
            "float32": ("torch.randn(shape, dtype=torch.float32, generator=g)", ".double()",
-                       "\n    (the samples' standard normals drawn in float32).")}
+                       "made in float64\n    from SEED's standard normals, the samples' drawn in float32.")}
 
 HOSTILE = r"""            x = x * INPUT_SCALE + INPUT_MEAN
             for c in CONSTANT_CHANNELS:

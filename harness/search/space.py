@@ -18,6 +18,10 @@ lists its plainest value first (two ranks, float32, contiguous, dense,
 momentum 0.1, affine, running statistics, normal inputs, no subgroups) and a
 shrunk case is the smallest and plainest one that still fails.
 
+A drawn case's tensors are made from standard normals drawn in float32
+(``normals``), five times faster on CPU than the catalog's float64 ones: a
+large case's draws were a third of its time.
+
 A drawn case is plain :class:`~harness.catalog.case.Case` data with an ID
 that says what matters for selection and for the known-issues file's
 patterns, then a digest of the parameters::

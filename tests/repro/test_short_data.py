@@ -31,7 +31,8 @@ SEARCH_HOSTILE = space.make_case(batch_sizes=(3, 0), spatial=((2, 5), (2, 5)), c
 def test_the_short_files_data_is_the_cases_data(case):
     text = source(case, Target("torch", "torch", "from torch.nn import SyncBatchNorm", on_cuda=False),
                   Symptom("error", exception_type="RuntimeError"), seen="test")
-    assert ("(the samples' standard normals drawn in float32)" in text) == (case.normals == "float32")
+    assert ("the samples' drawn in float32." in text) == (case.normals == "float32")
+    assert ("drawn in float64 from SEED." in text) == (case.normals == "float64")
     module: dict = {"__name__": "short_repro"}
     exec(compile(text, "repro.py", "exec"), module)
     params, steps = module["data"]()
