@@ -227,10 +227,14 @@ def make_case(**fields) -> Case:
     return replace(probe, id=cid)
 
 
+def parameters(case: Case) -> dict:
+    """``case``'s fields but its name, family, selection and note: what :func:`make_case` takes."""
+    return {k: v for k, v in case.to_dict().items() if k not in ("id", "family", "default", "note")}
+
+
 def digest(case: Case) -> str:
-    """Eight hex digits over every parameter of ``case`` but its name, family, selection and note."""
-    f = case.to_dict()
-    body = json.dumps({k: v for k, v in f.items() if k not in ("id", "family", "default", "note")}, sort_keys=True)
+    """Eight hex digits over ``case``'s :func:`parameters`."""
+    body = json.dumps(parameters(case), sort_keys=True)
     return f"{zlib.crc32(body.encode()) & 0xFFFFFFFF:08x}"
 
 
@@ -249,7 +253,7 @@ def without_rank(case: Case, rank: int) -> Optional[Case]:
             groups = None
     step_sizes = tuple(tuple(row[r] for r in keep) for row in case.step_batch_sizes) if case.step_batch_sizes \
         else None
-    fields = {k: v for k, v in case.to_dict().items() if k not in ("id", "family", "default", "note")}
+    fields = parameters(case)
     fields.update(batch_sizes=tuple(case.batch_sizes[r] for r in keep), spatial=tuple(case.spatial[r] for r in keep),
                   step_batch_sizes=step_sizes, groups=groups)
     for key in ("steps", "constant_channels", "ddp", "compile", "options"):

@@ -50,7 +50,7 @@ def test_search_draws_float32_normals_and_the_catalog_float64():
     assert SEARCH_HOSTILE.normals == "float32"
     assert {c.normals for c in catalog.all_cases() if c.family != "search"} == {"float64"}
     # The same parameters with float64 normals are another case, with another ID and other data.
-    fields = {k: v for k, v in SEARCH_HOSTILE.to_dict().items() if k not in ("id", "family", "default", "note")}
+    fields = space.parameters(SEARCH_HOSTILE)
     old = space.make_case(**{**fields, "normals": "float64"})
     assert old.id != SEARCH_HOSTILE.id and space.make_case(**fields) == SEARCH_HOSTILE
     assert not torch.equal(materialize(old).grad_outputs[0][0], materialize(SEARCH_HOSTILE).grad_outputs[0][0])
