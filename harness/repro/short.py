@@ -86,6 +86,7 @@ def unexpressible(case: Case, impl) -> Optional[str]:
         return f"the short form runs one layer; this case's scenario is {case.model or case.scenario!r}"
     reasons = [(bool(case.compile), "torch.compile"), (case.backend is not None, f"the {case.backend} backend"),
                (case.input_layout != "dense", f"a {case.input_layout} input view"),
+               (len({tuple(sp) for sp in case.spatial}) > 1, "spatial sizes that differ between ranks"),
                (any(k not in FILE_STEPS for k in case.steps), "two forwards before one backward ('fwd' steps)"),
                (impl.name == "apex" and case.memory_format != "contiguous", "apex's channels-last layer")]
     said = [why for bad, why in reasons if bad]
@@ -141,5 +142,6 @@ def source(case: Case, target: Target, symptom: Symptom, *, seen: str, title: st
 
 def verify(path: Path, *, timeout: float = 600.0, env: Optional[dict] = None) -> subprocess.CompletedProcess:
     """Run the written file with this Python, as a maintainer would (``python FILE``), bounded by ``timeout``."""
-    return subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=timeout,
+    path = Path(path).resolve()  # run from its own folder: a relative path would name it twice
+    return subprocess.run([sys.executable, path.name], capture_output=True, text=True, timeout=timeout,
                           cwd=path.parent, env={**os.environ, **(env or {})})

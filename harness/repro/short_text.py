@@ -294,7 +294,7 @@ def story(case: Case, target, symptom) -> str:
              f"parts of one batch ({sizes} samples of spatial size {tuple(case.spatial[0])}; steps: "
              f"{', '.join(case.steps)}) and compare {symptom.quantity or 'the output'} with "
              f"torch.nn.{BN_CLASS[case.ndim]} over the whole batch in float64.")
-    return "\n".join(textwrap.wrap(words, 100, break_on_hyphens=False))
+    return "\n".join(textwrap.wrap(words, 100, break_on_hyphens=False, break_long_words=False))
 
 
 def constants(v: dict) -> str:
@@ -357,7 +357,7 @@ def render(v: dict, *, cuda: bool, stand_ins: bool = True) -> str:
     needs = "torch" if v["library"] == "torch" else f"torch and {v['library']}"
     needs = f"{needs} and a GPU ({v['library']}'s kernels here are CUDA kernels)" if cuda and not stand_ins else needs
     doc = [f'"""{v["title"].rstrip(".")}.', "", v["story"], "",
-           *textwrap.wrap(f"Seen: {v['seen'].rstrip('.')}.", 100, break_on_hyphens=False),
+           *textwrap.wrap(f"Seen: {v['seen'].rstrip('.')}.", 100, break_on_hyphens=False, break_long_words=False),
            *textwrap.wrap(f"Needs only {needs}. Exit 1: the symptom shows; 0: it does not (fixed); 2: something "
                           "else failed.", 100, break_on_hyphens=False)]
     if cuda and stand_ins:

@@ -171,6 +171,31 @@ def test_the_short_form_refuses_what_it_cannot_state(tmp_path):
     assert not (tmp_path / "x.py").exists()
 
 
+def test_a_file_written_to_a_relative_path_is_run_once_from_its_folder(plugins, tmp_path):
+    """``-o sub/repro.py`` from another folder: the check run finds the file (it once named the folder twice)."""
+    env = {**os.environ, "PYTHONPATH": plugins}
+    (tmp_path / "sub").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "harness", "repro", "module-config/momentum-0.5/ws2", "--impl",
+                           "defects:BiasedRunningVar", "-o", "sub/repro.py"], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "sub" / "repro.py").exists()
+    assert "shows the symptom" in proc.stdout and "No such file" not in proc.stdout, proc.stdout
+
+
+def test_spatial_sizes_that_differ_between_ranks_need_the_long_form():
+    """The short form concatenates the ranks' samples into one batch for nn.BatchNorm: one spatial size only."""
+    from harness.impls.registry import resolve
+    from harness.repro.short import unexpressible
+    from harness.search import space
+
+    torch_impl = resolve("torch")
+    same = space.make_case(batch_sizes=(2, 3), spatial=((4, 4), (4, 4)), channels=3)
+    assert unexpressible(same, torch_impl) is None
+    per_rank = space.make_case(batch_sizes=(2, 3), spatial=((4, 4), (2, 3)), channels=3)
+    assert "spatial sizes that differ between ranks" in unexpressible(per_rank, torch_impl)
+
+
 def test_a_symptom_seen_on_cuda_gets_a_gpu_only_file_without_the_stand_ins(tmp_path):
     """torch's record is made here in cpu-emulation; its device is then set to cuda, standing in for a run on a
     GPU (there is none here): the file written from it must need a GPU and carry no CPU stand-ins."""
