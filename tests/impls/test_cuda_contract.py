@@ -171,6 +171,30 @@ def test_the_contract_is_what_cuda_does():
                        f"{cuda_contract.READ_FROM}) on torch {torch.__version__}, e.g.\n" + "\n".join(wrong[:15]))
 
 
+@pytest.mark.cuda
+def test_batchnorms_refusals_are_what_cuda_does():
+    """The other half of ``unsupported``: where the contract says ``nn.BatchNorm`` on CUDA refuses a dtype pair, it
+    raises; where it says it accepts, a training step runs (needs a GPU). Every input and parameter dtype, with and
+    without weights, 2-D and 4-D."""
+    wrong = []
+    for x_dt, p_dt, affine, ndim in itertools.product(FLOATS, FLOATS, (True, False), (2, 4)):
+        names = (str(x_dt).split(".")[1], str(p_dt).split(".")[1])
+        said = cuda_contract.batchnorm_refusal_on_cuda(*names, affine, True, ndim)
+        layer = torch.nn.BatchNorm1d(C, affine=affine) if ndim == 2 else torch.nn.BatchNorm2d(C, affine=affine)
+        layer = layer.to("cuda", p_dt).train()
+        x = torch.randn((4, C) + (3,) * (ndim - 2), device="cuda").to(x_dt)
+        try:
+            layer(x)
+            torch.cuda.synchronize()
+            seen = None
+        except RuntimeError as e:
+            seen = str(e).splitlines()[0]
+        if (said is None) != (seen is None):
+            wrong.append(f"{names} affine={affine} {ndim}-D: contract {'accepts' if said is None else 'refuses'}, "
+                         f"CUDA {'accepts' if seen is None else 'raises ' + seen!r}")
+    assert not wrong, f"{len(wrong)} of 64 disagree on torch {torch.__version__}:\n" + "\n".join(wrong)
+
+
 def _v(op, **args):
     return cuda_contract.verdict(op, args)
 
