@@ -6,8 +6,8 @@ second, every rank's batch is empty. torch.nn.BatchNorm1d over the same whole ba
 that step and leaves running_mean and running_var as they were; SyncBatchNorm shrinks both by
 (1 - momentum), as pytorch#36530 asked it not to.
 
-Seen in cpu-emulation with syncbn-harness (case degenerate/all-empty-step/float32-float32/momentum-0.1/ws2,
-torch 2.13.0); not yet run on a GPU. Needs only torch. Exit 1: the symptom shows; 0: it does not (fixed);
+Seen on CUDA (this file exits 1 on an NVIDIA H200 with torch 2.11.0+cu130) and in cpu-emulation with
+syncbn-harness (case degenerate/all-empty-step/float32-float32/momentum-0.1/ws2, torch 2.13.0). Needs only torch. Exit 1: the symptom shows; 0: it does not (fixed);
 2: something else failed. Without a GPU, torch's SyncBatchNorm runs over plain-torch CPU stand-ins for its
 five CUDA ops (stand_in_cuda_ops below): a symptom seen that way lives in torch's Python code.
 """

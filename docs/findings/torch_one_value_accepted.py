@@ -8,8 +8,8 @@ whole batch raises "Expected more than 1 value per channel when training"; SyncB
 running_var non-finite (a rounding residue divided by n - 1 = 0), which every later evaluation then uses. pytorch#36865 asked for the check on
 the global count; pytorch#37133 added it; current releases check only the single-process case.
 
-Seen in cpu-emulation with syncbn-harness (case degenerate/one-value-1d/float32-float32/momentum-0.1/ws2,
-torch 2.13.0); not yet run on a GPU. Needs only torch. Exit 1: the symptom shows; 0: it does not (fixed);
+Seen on CUDA (this file exits 1 on an NVIDIA H200 with torch 2.11.0+cu130) and in cpu-emulation with
+syncbn-harness (case degenerate/one-value-1d/float32-float32/momentum-0.1/ws2, torch 2.13.0). Needs only torch. Exit 1: the symptom shows; 0: it does not (fixed);
 2: something else failed. Without a GPU, torch's SyncBatchNorm runs over plain-torch CPU stand-ins for its
 five CUDA ops (stand_in_cuda_ops below): a symptom seen that way lives in torch's Python code.
 """
