@@ -55,6 +55,13 @@ def search(selection, store_dir, budget, max_cases, seed, save, out, shrink_limi
     if selection.case_patterns or selection.exhaustive:
         raise UsageError("search draws its own cases: --case and --exhaustive do not apply (run selects catalog "
                          "cases; search --save promotes what search finds into the catalog)")
+    # Before torch is imported here (the systems' table imports it): the forkserver then imports torch at the same
+    # time as this process instead of after it. Only the compile system needs dynamo.
+    from harness.engine import forkserver
+    from harness.engine.plan import under_torchrun
+
+    if not under_torchrun():  # run_search refuses torchrun itself
+        forkserver.prewarm(dynamo=bool({"compile", "systems"} & set(selection.scenarios)))
     from harness.search.systems import DEFAULT_SYSTEMS, SYSTEMS
 
     drawn: list[str] = []
