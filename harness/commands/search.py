@@ -124,6 +124,10 @@ def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Pa
                             shrink_limit_s=shrink_limit_s, backends=backends,
                             world_sizes=selection.world_sizes or None, systems=systems, on_case=on_case,
                             on_finding=on_finding)
+        if opts.device == "cpu" and "layer" in systems:
+            # Every pool a layer case may need starts now, while hypothesis draws the first cases (on CPU only,
+            # where gloo takes any world size on one machine).
+            session.prestart([(ws, b or opts.resolved_backend) for ws in explorer.world_sizes for b in backends])
         result = explorer.run()
     finally:
         session.close(kill=True)

@@ -92,6 +92,7 @@ class Pool:
         self.conns: list = []
         self.logdir: Optional[Path] = None
         self._store = None
+        self._starting = False  # launched, not yet every rank in the process group
 
     @property
     def alive(self) -> bool:
@@ -104,6 +105,11 @@ class Pool:
 
     def start(self) -> None:
         """Spawn the ranks and wait until every one has joined the process group."""
+        self.launch()
+        self.wait_started()
+
+    def launch(self) -> None:
+        """Spawn the ranks without waiting for them (:meth:`wait_started` waits; :meth:`run` does it first)."""
         import torch.distributed as dist
 
         self.close()
@@ -111,19 +117,28 @@ class Pool:
         self.logdir = Path(tempfile.mkdtemp(prefix=f"{logs.POOL_PREFIX}{os.getpid()}-ws{self.world_size}-"))
         self._store = dist.TCPStore("127.0.0.1", 0, self.world_size + 1, True, wait_for_workers=False,
                                     timeout=timedelta(self.start_timeout))
-        ctx = start_context(self.start_method)
-        try:
-            with _children_ignore_sigint(), _environment(self.env):
-                self._spawn(ctx)
-            self._await_ready()
+        self._starting = True
+        self._starting_step(self._spawn_quietly)  # (Ctrl-C reaches the harness alone; the ranks get the env)
+
+    def wait_started(self) -> None:
+        """Wait until every rank of a launched pool has joined the process group (at once if it has)."""
+        if self._starting:
+            self._starting_step(self._await_ready)
+        self._starting = False
+
+    def _starting_step(self, step) -> None:
+        try:  # on failure the ranks go, their logs kept in the cache for a PoolStartError (which names them)
+            step()
         except BaseException as exc:
-            # A pool that could not start keeps its rank logs in the cache: the error names the folder.
             self.kill(keep_logs=isinstance(exc, PoolStartError))
-            if isinstance(exc, PoolStartError):
-                kept = self._keep_logs(f"ws{self.world_size}-start")
-                if kept is not None:
-                    raise PoolStartError(f"{exc}\n(rank logs kept in {kept})") from None
+            kept = self._keep_logs(f"ws{self.world_size}-start") if isinstance(exc, PoolStartError) else None
+            if kept is not None:
+                raise PoolStartError(f"{exc}\n(rank logs kept in {kept})") from None
             raise
+
+    def _spawn_quietly(self) -> None:
+        with _children_ignore_sigint(), _environment(self.env):
+            self._spawn(start_context(self.start_method))
 
     def _spawn(self, ctx) -> None:
         for rank in range(self.world_size):
@@ -183,6 +198,7 @@ class Pool:
             conn.close()
         self.procs, self.conns = [], []
         self._store = None
+        self._starting = False
         if self.logdir is not None and not keep_logs:
             shutil.rmtree(self.logdir, ignore_errors=True)
             self.logdir = None
@@ -202,6 +218,7 @@ class Pool:
         """Send ``task`` to every rank and attribute what each did (see the module docstring)."""
         if not self.alive:
             self.start()
+        self.wait_started()
         for r in range(self.world_size):
             # Every rank is idle between tasks: emptied now, a rank's sink holds this task's collectives only, also
             # before the rank has begun it (read then, the last task's would pass for this one's).

@@ -82,6 +82,15 @@ class Session:
             record.diagnosis = diagnose(task, case.world_size, key[1], opts.device, opts.timeout)
         return record
 
+    def prestart(self, keys) -> None:
+        """Launch the pools of ``keys`` ((world size, backend) pairs) now, without waiting for them: their ranks
+        join while this process goes on, and the first task of each pool waits for what is left."""
+        for key in keys:
+            if key not in self.pools:
+                pool = self.pools[key] = Pool(key[0], backend=key[1], device=self.opts.device,
+                                              setup_impls=self._setup)
+                pool.launch()
+
     def close(self, key: Optional[tuple[int, str]] = None, *, kill: bool = False) -> None:
         """Stop one pool (``key``: world size and backend) or all: politely, or at once with ``kill``."""
         for k in [key] if key is not None else list(self.pools):

@@ -234,3 +234,22 @@ def test_kept_rank_logs_are_bounded(tmp_path):
         os.utime(root / f"old-{i:03d}", (1000 + i, 1000 + i))
     assert logs.prune(root) == 5
     assert sorted(p.name for p in root.iterdir())[0] == "old-005"
+
+
+def test_prestarted_pools_start_while_the_parent_goes_on_and_leave_nothing_behind():
+    """``Session.prestart`` spawns the ranks and returns at once; the first task of each pool waits for the rest."""
+    [case] = catalog.select(["allgather-shape/empty-3-0-2/float32-float32/contiguous/ws3"])
+    [ref] = resolve_impls(["reference"])
+    before = children_of(os.getpid())
+    session = Session([ref], RunOptions(timeout=60, diagnose=False))
+    try:
+        t0 = time.monotonic()
+        session.prestart([(2, "gloo"), (3, "gloo")])
+        assert time.monotonic() - t0 < 2.0, "prestart waited for the ranks"
+        assert all(session.pools[k].alive for k in [(2, "gloo"), (3, "gloo")])
+        record = session.run_one(case, ref)
+        assert record.status == Status.PASS, record.message
+    finally:
+        session.close()
+    assert children_of(os.getpid()) - before == set(), "rank processes left behind"
+    assert rank_processes(os.getpid()) == set(), "forked rank processes left behind"
