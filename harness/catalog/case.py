@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import asdict, dataclass, field, fields
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -63,6 +63,11 @@ DTYPES = {
 # and float32 ones vectorized, about five times faster: search, whose cases are new, draws in float32; the
 # catalog's cases keep float64, since changing a case's draws would change its data under its stored records.
 NORMALS = {"float64": torch.float64, "float32": torch.float32}
+# Where each rank's samples come from. "sequential": one generator, seeded with the case's seed, draws the
+# parameters and then every step's ranks in order, so a rank's data depends on every rank before it (the
+# catalog's cases). "per-rank": the parameters from that generator, each rank's samples from a generator of its
+# own (:func:`rank_seed`), so a rank makes its own part alone (search's cases; see harness.engine.exchange).
+DRAWS = ("sequential", "per-rank")
 MEMORY_FORMATS = {
     "contiguous": torch.contiguous_format,
     "channels_last": torch.channels_last,
@@ -132,6 +137,7 @@ class Case:
     # The dtype the standard normals behind every input and upstream gradient are drawn in (see materialize):
     # "float64" for the catalog's cases, whose data never changes; "float32" for cases search generates.
     normals: str = "float64"
+    draws: str = "sequential"  # see DRAWS
     default: bool = True  # in the default selection (else only with --exhaustive)
     note: str = ""
 
@@ -166,6 +172,8 @@ class Case:
             raise ValueError(f"case {self.id}: options are among {', '.join(MODEL_OPTIONS)}, got {self.options}")
         if self.normals not in NORMALS:
             raise ValueError(f"case {self.id}: normals must be one of {', '.join(NORMALS)}, got {self.normals!r}")
+        if self.draws not in DRAWS:
+            raise ValueError(f"case {self.id}: draws must be one of {', '.join(DRAWS)}, got {self.draws!r}")
         if self.use is not None and self.use not in USES:
             raise ValueError(f"case {self.id}: use must be one of {', '.join(USES)}, got {self.use!r}")
         if self.seed < 0:
@@ -216,6 +224,7 @@ class Case:
             "input_scale": self.input_scale,
             "seed": self.seed,
             "normals": self.normals,
+            "draws": self.draws,
             "model": self.model,
             "scenario": self.scenario,
             "step_batch_sizes": [list(b) for b in self.step_batch_sizes] if self.step_batch_sizes else None,
@@ -260,8 +269,8 @@ class Case:
 class CaseData:
     """The tensors of a case, on CPU, already in their dtypes and layouts."""
 
-    inputs: list[list[torch.Tensor]]  # [step][rank]
-    grad_outputs: list[list[torch.Tensor]]
+    inputs: list[list[Optional[torch.Tensor]]]  # [step][rank]; None for a rank not made (materialize's ranks)
+    grad_outputs: list[list[Optional[torch.Tensor]]]
     weight: torch.Tensor
     bias: torch.Tensor
     running_mean: torch.Tensor
@@ -269,17 +278,31 @@ class CaseData:
     extra: dict = field(default_factory=dict)
 
 
-def materialize(case: Case) -> CaseData:
+def rank_seed(seed: int, rank: int) -> int:
+    """The seed of rank ``rank``'s own generator in a case whose samples are drawn per rank."""
+    return seed * 65537 + rank + 1
+
+
+def materialize(case: Case, ranks: Optional[Sequence[int]] = None) -> CaseData:
     """Regenerate the case's tensors from its seed, drawing its standard normals in its ``normals`` dtype (the
-    same result in every process)."""
+    same result in every process).
+
+    ``ranks``: only these ranks' inputs and gradients (the others' entries are None), for a case drawn per rank
+    (``draws="per-rank"``); a sequential case's ranks cannot be made alone, so it always makes every rank's.
+    """
     gen = torch.Generator().manual_seed(case.seed)
+    per_rank = case.draws == "per-rank"
+    if ranks is not None and not per_rank:
+        raise ValueError(f"case {case.id}: its samples are drawn in sequence, so no rank's can be made alone")
+    wanted = set(range(case.world_size) if ranks is None else ranks)
+    gens = [torch.Generator().manual_seed(rank_seed(case.seed, r)) if per_rank else gen
+            for r in range(case.world_size)]
     C = case.channels
     dtype = DTYPES[case.dtype]
     pdtype = DTYPES[case.param_dtype]
     fmt = MEMORY_FORMATS[case.memory_format]
     gfmt = MEMORY_FORMATS[case.grad_memory_format or case.memory_format]
     normals = NORMALS[case.normals]
-    # Per-channel offsets and scales, so channels differ in mean and spread.
     chan_off = torch.randn(C, generator=gen, dtype=torch.float64)
     chan_scale = torch.rand(C, generator=gen, dtype=torch.float64) * 1.5 + 0.5
     # Affine parameters of both signs and varied magnitude, never ones and zeros.
@@ -291,13 +314,17 @@ def materialize(case: Case) -> CaseData:
     inputs, grads = [], []
     for s in range(len(case.steps)):
         xs, gs = [], []
-        for n, sp in zip(case.sizes_at(s), case.spatial):
+        for r, (n, sp) in enumerate(zip(case.sizes_at(s), case.spatial)):
+            if r not in wanted:
+                xs.append(None)
+                gs.append(None)
+                continue
             shape = (n, C, *sp)
             bshape = (1, C) + (1,) * len(sp)
             # input_mean + input_scale * (chan_off + chan_scale * z), in float64, computed in place a batch slice
             # at a time and rounded to the case's dtype (the same operations on the same values: bitwise the
             # tensor the expression gives, without its temporaries, which stay in the cache).
-            z = torch.randn(shape, generator=gen, dtype=normals)
+            z = torch.randn(shape, generator=gens[r], dtype=normals)
             x = _empty_like(z, dtype, fmt)
             for a, e in batch_slices(z):
                 v = z[a:e] if normals is torch.float64 else z[a:e].to(torch.float64)
@@ -306,7 +333,7 @@ def materialize(case: Case) -> CaseData:
                 for c in case.constant_channels:
                     v[:, c] = case.input_mean + case.input_scale * float(chan_off[c])
                 x[a:e].copy_(v)
-            g = torch.randn(shape, generator=gen, dtype=normals)
+            g = torch.randn(shape, generator=gens[r], dtype=normals)
             xs.append(x)
             gs.append(_cast(g, dtype, gfmt))
         inputs.append(xs)

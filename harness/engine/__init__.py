@@ -11,6 +11,7 @@
 - :mod:`~harness.engine.compiled`: a case's scenario under ``torch.compile``, beside it run eagerly;
 - :mod:`~harness.engine.diagnosis`: a crash or hang run once more with collective debugging;
 - :mod:`~harness.engine.logs`: rank logs kept (bounded) for failing cases only;
+- :mod:`~harness.engine.exchange`: the harness's own sums between a pool's ranks (the oracle of a case drawn per rank);
 - :mod:`~harness.engine.rank`: the rank side (the process loop, the per-process context, one task);
 - :mod:`~harness.engine.attribution`: every rank's outcome of a task, and the case's status;
 - :mod:`~harness.engine.reuse`: whether a pool can take the next task after a failure;

@@ -25,7 +25,10 @@ with TF32 off (:func:`exact_float32`).
 
 :func:`run_task` is the same under torchrun (:mod:`harness.engine.torchrun`):
 every rank regenerates the case's inputs from its seed and computes the
-float64 oracle itself, so nothing but names and numbers crosses processes.
+float64 oracle itself, so nothing but names and numbers crosses processes. A
+case drawn per rank (search's) has each rank make only its own inputs; the
+oracle's per-channel sums then cross between the ranks over the harness's own
+process groups (:mod:`harness.engine.exchange`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from typing import Optional
 from harness.catalog.case import Case
 from harness.engine import compiled, nccl_contract
 from harness.engine.collectives import begin_task, forbid_collectives, install_recorder, mark_step, recorded
+from harness.engine.exchange import Exchange
 from harness.engine.messages import RankResult, Task
 from harness.errors import EXIT_PARENT_GONE
 from harness.impls.registry import resolve
@@ -55,13 +59,15 @@ PARENT_POLL_S = 0.5
 
 
 class RankContext:
-    """Per-process state kept between tasks: adapters already set up, subgroups already made."""
+    """Per-process state kept between tasks: adapters already set up, subgroups already made, the harness's own
+    channel to the other ranks (:attr:`exchange`)."""
 
     def __init__(self, rank: int, world_size: int):
         self.rank = rank
         self.world_size = world_size
         self._impls: dict = {}
         self._groups: dict[tuple, list] = {}
+        self.exchange = Exchange(rank, world_size)  # the oracle's sums of a case drawn per rank
 
     def impl(self, key: str, device: str):
         """The adapter named ``key``, set up for this process once."""

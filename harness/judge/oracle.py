@@ -38,12 +38,18 @@ mean first, then deviations from it), so no rank's data is ever concatenated
 with another's or widened whole. The per-element results (output and
 grad_input) are produced only for the ranks asked for (``ranks``): a rank
 process asks for its own.
+
+A rank process that holds only its own tensors (a case drawn per rank) passes
+an ``exchange``: its per-channel sums are summed over its group by the other
+ranks' (:mod:`harness.engine.exchange`), all training steps' at once, two
+exchanges per case; the sums, and so every truth, are those of a process
+holding every rank's tensors, bit for bit (they are added in the same order).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -51,6 +57,8 @@ from harness.catalog.case import STEP_KINDS
 from harness.slices import batch_slices
 
 Tensor = torch.Tensor
+# exchange(t, unit): ``t`` (this rank's part) summed over the ranks of ``unit`` (see run_oracle)
+SumOver = Callable[[Tensor, Sequence[int]], Tensor]
 # What nn.BatchNorm raises in training when a channel has one value in the whole (global) batch.
 ONE_VALUE = "Expected more than 1 value per channel when training"
 
@@ -199,6 +207,7 @@ def run_oracle(
     running_var: Optional[Tensor] = None,
     groups: Optional[Sequence[Sequence[int]]] = None,
     ranks: Optional[Sequence[int]] = None,
+    exchange: Optional[SumOver] = None,
 ) -> list[StepTruth]:
     """Exact results of every step of a case.
 
@@ -208,7 +217,15 @@ def run_oracle(
     (default ones/zeros), ``running_mean``/``running_var`` the initial buffers
     (default zeros/ones). ``ranks``: the ranks whose output and grad_input are
     wanted (default: every rank); the others' are None.
+
+    ``exchange``: for a rank process that holds only its own tensors (the others' entries in ``inputs`` and
+    ``grad_outputs`` are None; ``ranks`` is that one rank): ``exchange(t, unit)`` returns ``t`` summed over
+    the ranks of ``unit``, each rank adding its own; it is called twice per case (when it has a training
+    step), the same on every rank. Only this rank's entries are filled then, and the sums over all ranks of
+    the gradient shares are left to the caller (``grad_weight_sum`` is None).
     """
+    if exchange is not None and (ranks is None or len(ranks) != 1):
+        raise ValueError("an exchanged oracle computes one rank's truth: give ranks=[that rank]")
     if len(inputs) != len(steps) or len(grad_outputs) != len(steps):
         raise ValueError(f"need one input list and one grad list per step: {len(steps)} steps, "
                          f"{len(inputs)} inputs, {len(grad_outputs)} grads")
@@ -223,17 +240,20 @@ def run_oracle(
                    bias.detach().to(f64) if affine and bias is not None else torch.zeros(C, dtype=f64),
                    param_dtype, ranks)
     buffers = _initial_buffers(layer, world, running_mean, running_var)
+    bad = [step for step in steps if step not in STEP_KINDS]
+    if bad:
+        raise ValueError(f"unknown step {bad[0]!r}: steps are {', '.join(STEP_KINDS)}")
+    known = {} if exchange is None else _exchanged_sums(inputs, grad_outputs, steps, groups, ranks[0], C, exchange)
     truths = []
     for s, step in enumerate(steps):
-        if step not in STEP_KINDS:
-            raise ValueError(f"unknown step {step!r}: steps are {', '.join(STEP_KINDS)}")
         kind = STEP_KINDS[step]  # what the normalization does: batch statistics ("train") or running ones
         truth = _blank(kind, world)
         for group in groups:
             # Statistics: over the whole group in training, per rank when eval lacks buffers.
             for unit in [group] if kind == "train" else [[r] for r in group]:
-                _normalize_unit(truth, unit, inputs[s], grad_outputs[s], layer, buffers)
-        if affine:
+                if exchange is None or ranks[0] in unit:
+                    _normalize_unit(truth, unit, inputs[s], grad_outputs[s], layer, buffers, known.get(s))
+        if affine and exchange is None:
             truth.grad_weight_sum = torch.stack(truth.grad_weight).sum(0)
             truth.grad_bias_sum = torch.stack(truth.grad_bias).sum(0)
         truth.running_mean = [t.clone() if t is not None else None for t in buffers.mean]
@@ -271,32 +291,72 @@ def _blank(kind: str, world: int) -> StepTruth:
                      mean_abs_dy=nones(), mean_abs_dy_xhat=nones(), rank_abs_dy=nones(), rank_abs_dy_xhat=nones())
 
 
-def _normalize_unit(truth: StepTruth, unit: list[int], xs: Sequence[Tensor], dys: Sequence[Tensor], layer: _Layer,
-                    buffers: _Buffers) -> None:
-    """Fill ``truth``'s entries of the ranks in ``unit`` (the ranks normalized together), and update their buffers
-    after a training step."""
+def _first(x: Tensor) -> Tensor:
+    """One rank's per-channel sum(x) with its count per channel appended (exact in float64)."""
+    return torch.cat([channel_sum(x), torch.tensor([x.numel() // x.shape[1]], dtype=torch.float64)])
+
+
+def _packed(d: DeviationSums, C: int) -> Tensor:
+    """One rank's deviation sums as one (5, C) tensor (no squares: zeros)."""
+    squares = d.squares if d.squares is not None else torch.zeros(C, dtype=torch.float64)
+    return torch.stack([squares, d.dy, d.dy_xmu, d.abs_dy, d.abs_dy_xmu])
+
+
+def _exchanged_sums(inputs, grad_outputs, steps, groups, own: int, C: int, exchange: SumOver) -> dict:
+    """Every training step's group-wide sums for rank ``own``, which holds only its own tensors: ``{step:
+    (first, {own: its DeviationSums}, packed total)}``, in two exchanges for the whole case (the first sums of
+    every step, then their deviation sums) whatever its number of steps, each rank calling both."""
+    train = [s for s, step in enumerate(steps) if STEP_KINDS[step] == "train"]
+    if not train:
+        return {}
+    unit = next(list(g) for g in groups if own in g)
+    firsts = exchange(torch.stack([_first(inputs[s][own]) for s in train]), unit)
+    mine, packed = {}, []
+    for i, s in enumerate(train):
+        n = int(firsts[i][C])
+        mean = firsts[i][:C] / n if n else torch.zeros(C, dtype=torch.float64)
+        mine[s] = deviation_sums(inputs[s][own], grad_outputs[s][own], mean, squares=True)
+        packed.append(_packed(mine[s], C))
+    totals = exchange(torch.stack(packed), unit)
+    return {s: (firsts[i], {own: mine[s]}, totals[i]) for i, s in enumerate(train)}
+
+
+def _normalize_unit(truth: StepTruth, unit: list[int], xs: Sequence[Optional[Tensor]],
+                    dys: Sequence[Optional[Tensor]], layer: _Layer, buffers: _Buffers,
+                    known: Optional[tuple] = None) -> None:
+    """Fill ``truth``'s entries of the ranks in ``unit`` (the ranks normalized together) whose tensors are here,
+    and update their buffers after a training step.
+
+    ``known``: the unit's sums already exchanged (:func:`_exchanged_sums`), where only this rank's tensors are
+    here; else every rank's are, and the sums are made here, in the same order.
+    """
     C, f64 = layer.channels, torch.float64
     kind = truth.kind
     use_batch = kind == "train" or not layer.track_running_stats
-    n = sum(xs[r].numel() // C for r in unit)
+    here = [r for r in unit if xs[r] is not None]  # every rank of the unit, or (exchanged) this one
+    if use_batch:
+        # sum(x) per channel and the count, packed (the count is exact in float64).
+        first = known[0] if known else sum(_first(xs[r]) for r in unit)
+        n = int(first[C])
+        mean = first[:C] / n if n else torch.zeros(C, dtype=f64)
+    else:
+        n = sum(xs[r].numel() // C for r in unit)
+        mean, var = buffers.mean[unit[0]], buffers.var[unit[0]]
     if kind == "train" and n == 1:
         truth.raises = ONE_VALUE
-    if use_batch:
-        mean = sum(channel_sum(xs[r]) for r in unit) / n if n else torch.zeros(C, dtype=f64)
-    else:
-        mean, var = buffers.mean[unit[0]], buffers.var[unit[0]]
-    # Every other per-channel sum in one pass over each rank's (x, dy), widened once per slice.
-    sums = {r: deviation_sums(xs[r], dys[r], mean, squares=use_batch) for r in unit}
+    # Every other per-channel sum in one pass over each rank's (x, dy), widened once per slice; summed over the
+    # unit in one piece.
+    sums = known[1] if known else {r: deviation_sums(xs[r], dys[r], mean, squares=use_batch) for r in here}
+    total = known[2] if known else sum(_packed(sums[r], C) for r in unit)
     if use_batch:
         # An empty group normalizes nothing: unit variance keeps its (zero) gradient shares finite.
-        var = sum(sums[r].squares for r in unit) / n if n else torch.ones(C, dtype=f64)
+        var = total[0] / n if n else torch.ones(C, dtype=f64)
     invstd = 1.0 / torch.sqrt(var + layer.eps)
-    sum_dy = sum(sums[r].dy for r in unit)
-    sum_dy_xmu = sum(sums[r].dy_xmu for r in unit)
+    sum_dy, sum_dy_xmu = total[1], total[2]
     scale = 1.0 / max(n, 1)
-    unit_abs_dy = sum(sums[r].abs_dy for r in unit) * scale
-    unit_abs_dyx = sum(sums[r].abs_dy_xmu for r in unit) * invstd * scale
-    for r in unit:
+    unit_abs_dy = total[3] * scale
+    unit_abs_dyx = total[4] * invstd * scale
+    for r in here:
         if layer.ranks is None or r in layer.ranks:
             truth.output[r], truth.grad_input[r] = _normalize(xs[r], dys[r], mean, invstd, layer.weight, layer.bias,
                                                               n, sum_dy, sum_dy_xmu, training=use_batch)
@@ -307,7 +367,7 @@ def _normalize_unit(truth: StepTruth, unit: list[int], xs: Sequence[Tensor], dys
             truth.grad_weight[r] = sums[r].dy_xmu * invstd
             truth.grad_bias[r] = sums[r].dy
     if kind == "train" and layer.track_running_stats:
-        _update_buffers(buffers, unit, n, mean, var, layer)
+        _update_buffers(buffers, here, n, mean, var, layer)
 
 
 def _update_buffers(buffers: _Buffers, unit: list[int], n: int, mean: Tensor, var: Tensor, layer: _Layer) -> None:

@@ -57,6 +57,7 @@ PARTS = (
     ("harness.judge.desync", None),
     ("harness.engine.nccl_contract", None),
     ("harness.engine.compiled", None),
+    ("harness.engine.exchange", None),
     ("harness.engine.rank", ("RankContext", "run_task")),
     ("harness.impls.base", ("construct_like_syncbn",)),
     ("harness.impls.apex", ("construct_apex", "convert_apex", "apex_forward")),

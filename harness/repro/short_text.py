@@ -38,10 +38,10 @@ def data():
     sign = torch.where(torch.rand(C, generator=g) < 0.3, -1.0, 1.0).double()
     params = dict(weight=sign * (torch.rand(C, **f64) * 1.5 + 0.25), bias=torch.randn(C, **f64) * 0.5,
                   running_mean=torch.randn(C, **f64) * 0.1, running_var=torch.rand(C, **f64) * 0.5 + 0.75)
-    steps = []
+@@GENS@@    steps = []
     for sizes in STEP_SIZES:
         steps.append([])
-        for n, sp in zip(sizes, SPATIAL):
+        for @@RANKS@@:
             shape, b = (n, C, *sp), (1, C) + (1,) * len(sp)
             x = @@NORMALS@@@@WIDEN@@ * scale.view(b) + off.view(b)
 @@HOSTILE@@            steps[-1].append((x.to(DTYPE).double(), @@NORMALS@@.to(DTYPE).double()))
@@ -53,6 +53,9 @@ def data():
 NORMALS = {"float64": ("torch.randn(shape, **f64)", "", "drawn in float64 from SEED."),
            "float32": ("torch.randn(shape, dtype=torch.float32, generator=g)", ".double()",
                        "made in float64\n    from SEED's standard normals, the samples' drawn in float32.")}
+
+# A case drawn per rank: each rank's samples come from a generator seeded from SEED and the rank.
+PER_RANK_GENERATORS = "    own = [torch.Generator().manual_seed(SEED * 65537 + r + 1) for r in range(len(SPATIAL))]\n"
 
 HOSTILE = r"""            x = x * INPUT_SCALE + INPUT_MEAN
             for c in CONSTANT_CHANNELS:
@@ -330,10 +333,19 @@ def hostile(v: dict) -> bool:
 
 
 def data_block(v: dict) -> str:
-    """The ``data`` function: hostile inputs where the case has them, normals in the case's dtype."""
+    """The ``data`` function: hostile inputs where the case has them, normals in the case's dtype, from one
+    generator or (a case drawn per rank) each rank's samples from a generator of its own."""
     draw, widen, drawn = NORMALS[v["normals"]]
+    gens, ranks = "", "n, sp in zip(sizes, SPATIAL)"
+    if v.get("draws") == "per-rank":
+        draw = draw.replace("**f64)", "dtype=torch.float64, generator=g)").replace("generator=g)",
+                                                                                 "generator=own[r])")
+        drawn = drawn[:-1] + ",\n    each rank's by a generator of its own."
+        gens = PER_RANK_GENERATORS
+        ranks = "r, (n, sp) in enumerate(zip(sizes, SPATIAL))"
     return (DATA.replace("@@HOSTILE@@", HOSTILE if hostile(v) else "").replace("@@NORMALS@@", draw)
-            .replace("@@WIDEN@@", widen).replace("@@DRAWN@@", drawn))
+            .replace("@@WIDEN@@", widen).replace("@@DRAWN@@", drawn).replace("@@GENS@@", gens)
+            .replace("@@RANKS@@", ranks))
 
 
 def check_block(sym) -> str:

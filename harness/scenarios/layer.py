@@ -48,7 +48,8 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     """Run ``case`` with ``impl`` on this rank and fill ``result`` (metrics, what the parent judges across ranks)."""
     rank = ctx.rank
     seed_generators(case.seed, device)
-    data, truths = prepared.prepare(case, rank)  # read-only: kept for the next implementation of this case
+    # read-only: kept for the next implementation of this case
+    data, truths = prepared.prepare(case, rank, getattr(ctx, "exchange", None))
     group = ctx.process_group(case)
     refuse_at = len(truths) - 1 if truths and truths[-1].raises else None
     observed, convert_problems = run_steps(ctx, case, impl, device, data, group, refuse_at=refuse_at)
@@ -66,13 +67,11 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         # Each rank's budget terms of the sums' tolerance: the parent adds them up (judge_across), so no rank
         # goes over the others' tensors again.
         result.across["budgets"] = budgets
-        if rank == 0:
-            result.across["sum_truth"] = {
-                str(s): {which: {"true": sum(getattr(truths[i], f"{which}_sum") for i in steps).tolist(),
-                                 "abs_true": {str(i): getattr(truths[i], f"{which}_sum").abs().tolist()
-                                              for i in steps}}
-                         for which in ("grad_weight", "grad_bias")}
-                for s, steps in judged.items()}
+        # This rank's true shares: the parent sums them over the ranks (a rank may hold only its own truth).
+        result.across["true_shares"] = {
+            str(s): {which: {str(i): getattr(truths[i], which)[rank].tolist() for i in steps}
+                     for which in ("grad_weight", "grad_bias")}
+            for s, steps in judged.items()}
     if compare_with:
         result.compare = compare_implementations(ctx, case, compare_with, device, data, group, observed)
     metrics += [(f"convert.{i}", Metric.failure(p)) for i, p in enumerate(convert_problems)]
@@ -124,7 +123,7 @@ def judge_across(case: Case, results: list) -> list[tuple[str, Metric]]:
                 out.append((step_key(s, kind, name, across_ranks=True), bad))
     if not case.affine or len(results) != case.world_size:
         return out
-    sum_truth = next((r.across.get("sum_truth") for r in results if r.across.get("sum_truth")), None)
+    sum_truth = _sum_truth(sorted(results, key=lambda r: r.rank))
     if sum_truth and all("shares" in r.across and "budgets" in r.across for r in results):
         ranked = [r.across["budgets"] for r in sorted(results, key=lambda r: r.rank)]
         final = {s: {which: {"true": t["true"],
@@ -135,6 +134,26 @@ def judge_across(case: Case, results: list) -> list[tuple[str, Metric]]:
         out += judge_sums(final, [r.across["shares"] for r in results])
     return out
 
+
+
+def _sum_truth(ranked: list) -> Optional[dict]:
+    """The true sums over the ranks of the gradient shares, from each rank's own true shares (in rank order, as
+    the oracle sums them): ``{step: {which: {"true": [...], "abs_true": {inner step: [...]}}}}`` for the steps
+    every rank judged, or None when a rank sent none."""
+    shares = [r.across.get("true_shares") for r in ranked]
+    if not shares or any(t is None for t in shares):
+        return None
+    out: dict = {}
+    for s, by_which in shares[0].items():
+        if any(s not in t for t in shares):
+            continue  # a step some rank did not judge (evaluation on one rank): judge_sums skips it too
+        out[s] = {}
+        for which, by_step in by_which.items():
+            sums = {i: torch.stack([torch.tensor(t[s][which][i], dtype=torch.float64) for t in shares]).sum(0)
+                    for i in by_step}
+            out[s][which] = {"true": sum(sums[i] for i in by_step).tolist(),
+                             "abs_true": {i: v.abs().tolist() for i, v in sums.items()}}
+    return out
 
 def present(x: torch.Tensor, layout: str, device: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(the input as the implementation gets it, the leaf tensor its gradient lands in).

@@ -7,6 +7,11 @@ oracle's results for this rank depend only on the case and the rank, never on th
 implementation, so each rank computes them once per case instead of once per
 implementation: on the largest cases they are most of the rank's work.
 
+A case drawn per rank (``draws="per-rank"``), prepared with the rank's
+``exchange``, makes only this rank's tensors (the others' entries are None) and
+computes its truth with the group-wide sums exchanged between the ranks
+(:mod:`harness.engine.exchange`); only this rank's truth entries are filled.
+
 Protocol: :func:`prepare` returns ``(data, truths)``; callers treat both as read-only
 (the layer scenario hands implementations copies, see ``run_steps``). Memory is
 bounded by one case: the entry is keyed by the case's full parameters (its seed
@@ -31,20 +36,28 @@ def case_key(case: Case, rank: int) -> tuple[Case, int]:
     return case, rank
 
 
-def prepare(case: Case, rank: int) -> tuple[CaseData, list[StepTruth]]:
-    """This rank's case data (every rank's inputs) and its truths: computed, or kept from the last call."""
+def prepare(case: Case, rank: int, exchange=None) -> tuple[CaseData, list[StepTruth]]:
+    """This rank's case data and its truths: computed, or kept from the last call.
+
+    ``exchange`` (an :class:`~harness.engine.exchange.Exchange`), for a case drawn per rank: only this rank's
+    inputs are made, and the oracle's sums cross between the ranks. Without it, every rank's inputs are made.
+    """
     global _kept, hits
     key = case_key(case, rank)
     if _kept is not None and _kept[0] == key:
         hits += 1
         return _kept[1], _kept[2]
     _kept = None  # the previous case's tensors go before this one's are made
-    data = materialize(case)
+    own = exchange is not None and case.draws == "per-rank"
+    if own:
+        exchange.prepare()
+    data = materialize(case, ranks=[rank] if own else None)
     truths = run_oracle(
         data.inputs, data.grad_outputs, case.steps, num_features=case.channels, eps=case.eps,
         momentum=case.momentum, affine=case.affine, track_running_stats=case.track_running_stats,
         weight=data.weight, bias=data.bias, param_dtype=DTYPES[case.param_dtype],
-        running_mean=data.running_mean, running_var=data.running_var, groups=case.groups, ranks=[rank])
+        running_mean=data.running_mean, running_var=data.running_var, groups=case.groups, ranks=[rank],
+        exchange=exchange.sum if own else None)
     _kept = (key, data, truths)
     return data, truths
 

@@ -20,7 +20,10 @@ shrunk case is the smallest and plainest one that still fails.
 
 A drawn case's tensors are made from standard normals drawn in float32
 (``normals``), five times faster on CPU than the catalog's float64 ones: a
-large case's draws were a third of its time.
+large case's draws were a third of its time. Each rank's samples come from a
+generator of its own (``draws="per-rank"``), so a rank makes only its own part
+and the oracle's group-wide sums cross between the ranks
+(:mod:`harness.engine.exchange`) instead of every rank making every rank's.
 
 A drawn case is plain :class:`~harness.catalog.case.Case` data with an ID
 that says what matters for selection and for the known-issues file's
@@ -212,12 +215,13 @@ def traits(case_fields: dict) -> list[str]:
 
 
 def make_case(**fields) -> Case:
-    """A search case with its ID (see the module docstring; the digest is :func:`digest`): seed 0 and normals
-    drawn in float32 unless given."""
+    """A search case with its ID (see the module docstring; the digest is :func:`digest`): seed 0, normals
+    drawn in float32 and each rank's drawn by a generator of its own unless given."""
     from dataclasses import replace
 
     fields.setdefault("seed", 0)
     fields.setdefault("normals", "float32")
+    fields.setdefault("draws", "per-rank")
     probe = Case(id=f"{FAMILY}/-", family=FAMILY, default=False, **fields)
     f = probe.to_dict()
     tags = traits(f)

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness import catalog
 from harness.catalog.case import Case, materialize
@@ -188,3 +189,31 @@ def test_pytest_collects_and_runs_cases_with_xdist_and_junit(tmp_path):
     assert "5 passed, 1 xfailed" in proc.stdout
     xml = junit.read_text()
     assert 'name="test_case[channels-last/uneven/channels_last_3d/ws2-reference]"' in xml
+
+
+def test_a_case_drawn_per_rank_makes_one_rank_alone_and_the_same_tensors():
+    """``materialize(case, ranks=[r])`` of a case drawn per rank is rank r's part of the whole case, bit for bit;
+    the others' entries are None. A sequential case refuses, naming why."""
+    from harness.search import space
+
+    case = space.make_case(batch_sizes=(2, 0, 3), spatial=((3,), (3,), (3,)), channels=4, steps=("train", "train"),
+                           step_batch_sizes=((2, 0, 3), (1, 4, 2)), seed=9)
+    assert case.draws == "per-rank"
+    whole = materialize(case)
+    for r in range(3):
+        alone = materialize(case, ranks=[r])
+        for s in range(2):
+            assert torch.equal(alone.inputs[s][r], whole.inputs[s][r])
+            assert torch.equal(alone.grad_outputs[s][r], whole.grad_outputs[s][r])
+            assert all(alone.inputs[s][q] is None for q in range(3) if q != r)
+        assert torch.equal(alone.weight, whole.weight)
+    sequential = space.make_case(**{**space.parameters(case), "draws": "sequential"})
+    with pytest.raises(ValueError, match="drawn in sequence"):
+        materialize(sequential, ranks=[0])
+    with pytest.raises(ValueError, match="draws must be one of"):
+        space.make_case(**{**space.parameters(case), "draws": "parallel"})
+
+
+def test_the_catalogs_cases_are_drawn_in_sequence():
+    """Their data never changes under their stored records: only search's new cases are drawn per rank."""
+    assert {c.draws for c in catalog.all_cases()} == {"sequential"}

@@ -2,7 +2,8 @@
 
 The file redraws the case's tensors with plain torch calls; the harness judged the implementation on
 :func:`~harness.catalog.case.materialize`'s. Both must agree for the catalog's cases (standard normals drawn
-in float64) and for search's (drawn in float32), with hostile inputs (an offset, a scale, a constant
+in float64, in sequence) and for search's (drawn in float32, each rank's by a generator of its own, or in
+sequence), with hostile inputs (an offset, a scale, a constant
 channel) and batch sizes that change between steps.
 """
 
@@ -27,11 +28,13 @@ SEARCH_HOSTILE = space.make_case(batch_sizes=(3, 0), spatial=((2, 5), (2, 5)), c
     catalog.select(["numerics/offset-1e3/ws2"])[0],
     space.make_case(batch_sizes=(2, 5), spatial=((3,), (3,)), channels=4, seed=5),
     SEARCH_HOSTILE,
-], ids=["catalog", "catalog-hostile", "search", "search-hostile"])
+    space.make_case(batch_sizes=(2, 5), spatial=((3,), (3,)), channels=4, seed=5, draws="sequential"),
+], ids=["catalog", "catalog-hostile", "search", "search-hostile", "search-sequential"])
 def test_the_short_files_data_is_the_cases_data(case):
     text = source(case, Target("torch", "torch", "from torch.nn import SyncBatchNorm", on_cuda=False),
                   Symptom("error", exception_type="RuntimeError"), seen="test")
-    assert ("the samples' drawn in float32." in text) == (case.normals == "float32")
+    assert ("the samples' drawn in float32" in text) == (case.normals == "float32")
+    assert ("each rank's by a generator of its own." in text) == (case.draws == "per-rank")
     assert ("drawn in float64 from SEED." in text) == (case.normals == "float64")
     module: dict = {"__name__": "short_repro"}
     exec(compile(text, "repro.py", "exec"), module)
