@@ -138,6 +138,9 @@ class Case:
     # "float64" for the catalog's cases, whose data never changes; "float32" for cases search generates.
     normals: str = "float64"
     draws: str = "sequential"  # see DRAWS
+    # A case drawn per rank: each rank's generator seed, where not rank_seed(seed, rank) (a rank removed by
+    # search's shrinking leaves the others' seeds, and so their data, as they were).
+    rank_seeds: tuple[int, ...] = ()
     default: bool = True  # in the default selection (else only with --exhaustive)
     note: str = ""
 
@@ -174,10 +177,17 @@ class Case:
             raise ValueError(f"case {self.id}: normals must be one of {', '.join(NORMALS)}, got {self.normals!r}")
         if self.draws not in DRAWS:
             raise ValueError(f"case {self.id}: draws must be one of {', '.join(DRAWS)}, got {self.draws!r}")
+        if self.rank_seeds and (self.draws != "per-rank" or len(self.rank_seeds) != self.world_size):
+            raise ValueError(f"case {self.id}: rank_seeds needs draws='per-rank' and one seed per rank, got "
+                             f"{list(self.rank_seeds)} for {self.world_size} ranks drawn {self.draws}")
         if self.use is not None and self.use not in USES:
             raise ValueError(f"case {self.id}: use must be one of {', '.join(USES)}, got {self.use!r}")
         if self.seed < 0:
             object.__setattr__(self, "seed", seed_of(self.id))
+
+    def seeds_of_ranks(self) -> tuple[int, ...]:
+        """A case drawn per rank: each rank's generator seed (``rank_seeds``, or derived from ``seed``)."""
+        return self.rank_seeds or tuple(rank_seed(self.seed, r) for r in range(self.world_size))
 
     def on_backend(self, backend: str, *, default: Optional[bool] = None) -> "Case":
         """This case over ``backend`` instead of the run's: the id gets ``/<backend>``, the data stays the same."""
@@ -225,6 +235,7 @@ class Case:
             "seed": self.seed,
             "normals": self.normals,
             "draws": self.draws,
+            "rank_seeds": list(self.rank_seeds) or None,
             "model": self.model,
             "scenario": self.scenario,
             "step_batch_sizes": [list(b) for b in self.step_batch_sizes] if self.step_batch_sizes else None,
@@ -248,9 +259,9 @@ class Case:
     def from_dict(cls, d: dict) -> "Case":
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
-        for key in ("batch_sizes", "steps", "constant_channels", "ddp", "compile", "options"):
+        for key in ("batch_sizes", "steps", "constant_channels", "ddp", "compile", "options", "rank_seeds"):
             if key in kw:
-                kw[key] = tuple(kw[key])
+                kw[key] = tuple(kw[key] or ())
         if kw.get("step_batch_sizes") is not None:
             kw["step_batch_sizes"] = tuple(tuple(b) for b in kw["step_batch_sizes"])
         kw["spatial"] = tuple(tuple(s) for s in kw["spatial"])
@@ -295,8 +306,8 @@ def materialize(case: Case, ranks: Optional[Sequence[int]] = None) -> CaseData:
     if ranks is not None and not per_rank:
         raise ValueError(f"case {case.id}: its samples are drawn in sequence, so no rank's can be made alone")
     wanted = set(range(case.world_size) if ranks is None else ranks)
-    gens = [torch.Generator().manual_seed(rank_seed(case.seed, r)) if per_rank else gen
-            for r in range(case.world_size)]
+    gens = [torch.Generator().manual_seed(s) for s in case.seeds_of_ranks()] if per_rank \
+        else [gen] * case.world_size
     C = case.channels
     dtype = DTYPES[case.dtype]
     pdtype = DTYPES[case.param_dtype]

@@ -131,7 +131,7 @@ def source(case: Case, target: Target, symptom: Symptom, *, seen: str, title: st
         layer=dict(eps=case.eps, momentum=case.momentum, affine=case.affine,
                    track_running_stats=case.track_running_stats),
         seed=case.seed, normals=case.normals, draws=case.draws, ndim=case.ndim, u_q=u_q, u_acc=u_acc,
-        world=case.world_size,
+        world=case.world_size, rank_seeds=case.seeds_of_ranks() if case.draws == "per-rank" else None,
         groups=[list(g) for g in case.groups] if case.groups else None,
         fmt=fmt[case.memory_format], gfmt=fmt[case.grad_memory_format or case.memory_format],
         input_mean=case.input_mean, input_scale=case.input_scale, constant=list(case.constant_channels),

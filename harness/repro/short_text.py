@@ -54,8 +54,8 @@ NORMALS = {"float64": ("torch.randn(shape, **f64)", "", "drawn in float64 from S
            "float32": ("torch.randn(shape, dtype=torch.float32, generator=g)", ".double()",
                        "made in float64\n    from SEED's standard normals, the samples' drawn in float32.")}
 
-# A case drawn per rank: each rank's samples come from a generator seeded from SEED and the rank.
-PER_RANK_GENERATORS = "    own = [torch.Generator().manual_seed(SEED * 65537 + r + 1) for r in range(len(SPATIAL))]\n"
+# A case drawn per rank: each rank's samples come from a generator of its own, seeded as the case says.
+PER_RANK_GENERATORS = "    own = [torch.Generator().manual_seed(s) for s in @@RANK_SEEDS@@]\n"
 
 HOSTILE = r"""            x = x * INPUT_SCALE + INPUT_MEAN
             for c in CONSTANT_CHANNELS:
@@ -341,7 +341,7 @@ def data_block(v: dict) -> str:
         draw = draw.replace("**f64)", "dtype=torch.float64, generator=g)").replace("generator=g)",
                                                                                  "generator=own[r])")
         drawn = drawn[:-1] + ",\n    each rank's by a generator of its own."
-        gens = PER_RANK_GENERATORS
+        gens = PER_RANK_GENERATORS.replace("@@RANK_SEEDS@@", repr(list(v["rank_seeds"])))
         ranks = "r, (n, sp) in enumerate(zip(sizes, SPATIAL))"
     return (DATA.replace("@@HOSTILE@@", HOSTILE if hostile(v) else "").replace("@@NORMALS@@", draw)
             .replace("@@WIDEN@@", widen).replace("@@DRAWN@@", drawn).replace("@@GENS@@", gens)

@@ -243,8 +243,9 @@ def digest(case: Case) -> str:
 
 
 def without_rank(case: Case, rank: int) -> Optional[Case]:
-    """``case`` with rank ``rank`` removed (its batch, spatial size and per-step sizes; groups renumbered), or
-    None when that leaves fewer than two ranks or a step that is not well defined."""
+    """``case`` with rank ``rank`` removed (its batch, spatial size and per-step sizes; groups renumbered; the
+    other ranks' data as it was), or None when that leaves fewer than two ranks or a step that is not well
+    defined."""
     if case.world_size <= 2:
         return None
     keep = [r for r in range(case.world_size) if r != rank]
@@ -260,6 +261,9 @@ def without_rank(case: Case, rank: int) -> Optional[Case]:
     fields = parameters(case)
     fields.update(batch_sizes=tuple(case.batch_sizes[r] for r in keep), spatial=tuple(case.spatial[r] for r in keep),
                   step_batch_sizes=step_sizes, groups=groups)
+    if case.draws == "per-rank":  # the other ranks keep their generators, and so their data
+        seeds = case.seeds_of_ranks()
+        fields["rank_seeds"] = tuple(seeds[r] for r in keep)
     for key in ("steps", "constant_channels", "ddp", "compile", "options"):
         fields[key] = tuple(fields[key])
     counts = [[b * math.prod(sp) for b, sp in zip(step_sizes[s] if step_sizes else fields["batch_sizes"],

@@ -217,3 +217,18 @@ def test_a_case_drawn_per_rank_makes_one_rank_alone_and_the_same_tensors():
 def test_the_catalogs_cases_are_drawn_in_sequence():
     """Their data never changes under their stored records: only search's new cases are drawn per rank."""
     assert {c.draws for c in catalog.all_cases()} == {"sequential"}
+
+
+def test_a_rank_removed_leaves_the_others_data_as_it_was():
+    """Search's shrinking removes ranks: in a case drawn per rank the remaining ranks keep their generators."""
+    from harness.search import space
+
+    case = space.make_case(batch_sizes=(0, 3, 2), spatial=((2,),) * 3, channels=3, seed=4)
+    smaller = space.without_rank(case, 0)
+    assert smaller.rank_seeds == case.seeds_of_ranks()[1:]
+    big, small = materialize(case), materialize(smaller)
+    for r in (1, 2):
+        assert torch.equal(big.inputs[0][r], small.inputs[0][r - 1])
+        assert torch.equal(big.grad_outputs[0][r], small.grad_outputs[0][r - 1])
+    with pytest.raises(ValueError, match="one seed per rank"):
+        space.make_case(**{**space.parameters(case), "rank_seeds": (1, 2)})

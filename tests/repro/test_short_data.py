@@ -29,7 +29,8 @@ SEARCH_HOSTILE = space.make_case(batch_sizes=(3, 0), spatial=((2, 5), (2, 5)), c
     space.make_case(batch_sizes=(2, 5), spatial=((3,), (3,)), channels=4, seed=5),
     SEARCH_HOSTILE,
     space.make_case(batch_sizes=(2, 5), spatial=((3,), (3,)), channels=4, seed=5, draws="sequential"),
-], ids=["catalog", "catalog-hostile", "search", "search-hostile", "search-sequential"])
+    space.without_rank(space.make_case(batch_sizes=(1, 2, 3), spatial=((3,),) * 3, channels=2, seed=6), 0),
+], ids=["catalog", "catalog-hostile", "search", "search-hostile", "search-sequential", "search-rank-removed"])
 def test_the_short_files_data_is_the_cases_data(case):
     text = source(case, Target("torch", "torch", "from torch.nn import SyncBatchNorm", on_cuda=False),
                   Symptom("error", exception_type="RuntimeError"), seen="test")
