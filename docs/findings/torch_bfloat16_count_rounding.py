@@ -1,26 +1,15 @@
 #!/usr/bin/env python3
-"""torch: a fully bfloat16 model's SyncBatchNorm merges the ranks' statistics with bfloat16 counts.
+"""torch: a fully bfloat16 SyncBatchNorm merges the ranks' statistics with bfloat16 counts.
 
-2 processes run torch.nn.SyncBatchNorm (3 channels, bfloat16 input and parameters, as after
-model.to(torch.bfloat16); inputs 100 + N(offset, spread)) on their parts of one batch (450 and 232
-samples, 1-D features) and compare the output with torch.nn.BatchNorm1d over the whole batch in float64.
+2 processes run torch.nn.SyncBatchNorm (3 channels, bfloat16 input and parameters, inputs about 100 +- 1)
+on 450 and 232 samples and compare the output with torch.nn.BatchNorm1d over the whole batch in float64.
+torch casts the gathered counts to bfloat16 (pytorch#98332) and CUDA's batch_norm_gather_stats_with_counts
+forms n + count in bfloat16: 450 + 232 = 682 becomes 680, so the mean is weighted by 682/680 and the output
+is 0.27 off. The float16 form is pytorch#70901; its fix (pytorch#71050, float32 counts) was closed unmerged.
 
-torch casts the all_gathered counts to the running statistics' dtype (pytorch#98332), and CUDA's
-batch_norm_gather_stats_with_counts forms each partial sum n + count in that dtype
-(batch_norm_reduce_statistics_kernel). bfloat16 keeps 8 significant bits: 450 + 232 = 682 becomes 680,
-the merged mean is weighted by 682/680 (0.3 % too large), and the between-rank part of the variance
-takes the mean's error squared. The output is off by 0.27 here (mean 100, spread about 1); the error
-grows with the mean against the spread, and where the mean is small against the spread it stays within
-bfloat16's own rounding. pytorch#70901 reported the float16 form (counts
-past 65,504); its fix, pytorch#71050 (counts in float32), was closed unmerged.
-
-Seen on CUDA (NVIDIA H200, torch 2.11.0+cu130, gloo) by syncbn-harness's search (case
-search/bfloat16-bfloat16/contiguous/uneven-5-4-8-7/c3x5x3x6/offset-1e4+spatial-per-rank/train-train-train/ws4-2872dc51,
-running_var 21.6 off in one step) and in cpu-emulation (torch 2.13.0, case
-search/bfloat16-bfloat16/contiguous/uneven-450-232/c3/plain/train/ws2-2b76e536, which this file is);
-this file has run in cpu-emulation only. Needs only torch. Exit 1: the symptom shows; 0: it does not
-(fixed); 2: something else failed. Without a GPU, torch's SyncBatchNorm runs over plain-torch CPU
-stand-ins for its five CUDA ops (stand_in_cuda_ops below), which merge as CUDA's kernel does.
+Seen on CUDA (H200, torch 2.11.0+cu130) by syncbn-harness's search; this file (its case ws2-2b76e536) has
+run in cpu-emulation only, over CPU stand-ins for SyncBatchNorm's five CUDA ops that merge as CUDA does.
+Needs only torch. Exit 1: the symptom shows; 0: it does not (fixed); 2: something else failed.
 """
 import datetime
 import math
