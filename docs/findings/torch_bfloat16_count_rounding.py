@@ -7,8 +7,8 @@ torch casts the gathered counts to bfloat16 (pytorch#98332) and CUDA's batch_nor
 forms n + count in bfloat16: 450 + 232 = 682 becomes 680, so the mean is weighted by 682/680 and the output
 is 0.27 off. The float16 form is pytorch#70901; its fix (pytorch#71050, float32 counts) was closed unmerged.
 
-Seen on CUDA (H200, torch 2.11.0+cu130) by syncbn-harness's search; this file (its case ws2-2b76e536) has
-run in cpu-emulation only, over CPU stand-ins for SyncBatchNorm's five CUDA ops that merge as CUDA does.
+Seen on CUDA (H200, torch 2.11.0+cu130) by syncbn-harness's search, and this file (its case ws2-2b76e536)
+exits 1 there; without a GPU it runs over CPU stand-ins for SyncBatchNorm's five CUDA ops that merge as CUDA does.
 Needs only torch. Exit 1: the symptom shows; 0: it does not (fixed); 2: something else failed.
 """
 import datetime
