@@ -402,18 +402,19 @@ def batchnorm_refusal_on_cuda(dtype: str, param_dtype: str, affine: bool, track_
 
 
 def syncbn_unsupported_reason(case) -> Optional[str]:
-    """The ``unsupported`` reason for ``case`` where CUDA's kernels refuse torch's SyncBN on it and ``nn.BatchNorm``
-    on CUDA refuses it too (a documented limitation); None otherwise.
-
-    A refusal ``nn.BatchNorm`` does not make is SyncBatchNorm being stricter than the layer it replaces: the case
-    runs, the emulated kernel raises CUDA's error, and the record is an ``error`` (a finding).
+    """The ``unsupported`` reason for ``case`` where ``nn.BatchNorm`` on CUDA refuses its dtypes and torch's SyncBN
+    reaches a refusal too: in a synchronized step's ops, or where it calls the plain batch norm (eval, a group of
+    one rank); None otherwise. A refusal ``nn.BatchNorm`` does not make is SyncBN being stricter than the layer it
+    replaces: the case runs, the emulated kernel raises CUDA's error, and the record is an ``error`` (a finding).
     """
-    refusal = syncbn_refusal(case)
-    if refusal is None:
-        return None
     bn = batchnorm_refusal_on_cuda(case.dtype, case.param_dtype, case.affine, case.track_running_stats, case.ndim)
-    if bn is None:
+    refusal = None if bn is None else syncbn_refusal(case)
+    plain = bn is not None and refusal is None and any(
+        batch and (kind not in TRAINING_KINDS or _group_size(case, rank) == 1) for s, kind in enumerate(case.steps)
+        for rank, batch in enumerate(case.step_batch_sizes[s] if case.step_batch_sizes else case.batch_sizes))
+    if refusal is None and not plain:
         return None
-    return (f"torch's CUDA kernels refuse {case.dtype} input with {case.param_dtype} parameters in a synchronized "
-            f"training step ({refusal}); nn.BatchNorm on CUDA refuses it too ({bn}): a documented limitation "
+    where = f"a synchronized training step ({refusal})" if refusal else "the steps that call the plain batch norm"
+    return (f"torch's CUDA kernels refuse {case.dtype} input with {case.param_dtype} parameters in {where}; "
+            f"nn.BatchNorm on CUDA refuses it too ({bn}): a documented limitation "
             "(docs/catalog-and-judgement.md, torch on CPU)")

@@ -319,3 +319,17 @@ def test_the_installed_function_casts_counts_and_weight():
 def test_verdict_of_an_unknown_op_names_the_known_ones():
     with pytest.raises(KeyError, match="batch_norm_elemt"):
         cuda_contract.verdict("batch_norm_update_stats", {})
+
+
+def test_plain_batch_norm_steps_are_unsupported_where_batchnorm_refuses():
+    """A group of one rank calls the plain batch norm, which on CUDA refuses float64 weights for float32 input
+    (cuDNN): a documented limitation, as in the synchronized case (the CUDA search's `ws2-187abc2c` was an error)."""
+    from dataclasses import replace
+
+    case = _case("mixed-precision/uneven/float32-float64/ws2")
+    for alone in (replace(case, groups=((0,), (1,))), replace(case, steps=("eval",))):
+        assert cuda_contract.syncbn_refusal(alone) is None
+        reason = TorchImpl().unsupported_reason(alone, "cuda")
+        assert reason is not None and "call the plain batch norm" in reason, reason
+    no_weights = replace(case, groups=((0,), (1,)), affine=False)  # nn.BatchNorm accepts: nothing to declare
+    assert TorchImpl().unsupported_reason(no_weights, "cuda") is None
