@@ -401,15 +401,15 @@ def batchnorm_refusal_on_cuda(dtype: str, param_dtype: str, affine: bool, track_
     return None
 
 
-def syncbn_unsupported_reason(case) -> Optional[str]:
+def syncbn_unsupported_reason(case, device: str = "cuda") -> Optional[str]:
     """The ``unsupported`` reason for ``case`` where ``nn.BatchNorm`` on CUDA refuses its dtypes and torch's SyncBN
-    reaches a refusal too: in a synchronized step's ops, or where it calls the plain batch norm (eval, a group of
-    one rank); None otherwise. A refusal ``nn.BatchNorm`` does not make is SyncBN being stricter than the layer it
-    replaces: the case runs, the emulated kernel raises CUDA's error, and the record is an ``error`` (a finding).
-    """
+    reaches a refusal too: in a synchronized step's ops, or on CUDA where it calls the plain batch norm (eval, a
+    group of one rank; on CPU that is CPU's own layer, :mod:`harness.engine.plain_layer`); None otherwise. A refusal
+    ``nn.BatchNorm`` does not make is SyncBN being stricter than the layer it replaces: the case runs, the emulated
+    kernel raises CUDA's error, and the record is an ``error`` (a finding)."""
     bn = batchnorm_refusal_on_cuda(case.dtype, case.param_dtype, case.affine, case.track_running_stats, case.ndim)
     refusal = None if bn is None else syncbn_refusal(case)
-    plain = bn is not None and refusal is None and any(
+    plain = device == "cuda" and bn is not None and refusal is None and any(
         batch and (kind not in TRAINING_KINDS or _group_size(case, rank) == 1) for s, kind in enumerate(case.steps)
         for rank, batch in enumerate(case.step_batch_sizes[s] if case.step_batch_sizes else case.batch_sizes))
     if refusal is None and not plain:

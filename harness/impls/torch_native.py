@@ -42,7 +42,7 @@ class TorchImpl(Impl):
             return reason
         from harness.impls import cuda_contract
 
-        return cuda_contract.syncbn_unsupported_reason(case)
+        return cuda_contract.syncbn_unsupported_reason(case, device)
 
     def repro_binding(self) -> dict:
         return {"library": "torch", "code": "SyncBatchNorm = torch.nn.SyncBatchNorm", "on_cuda": True}
