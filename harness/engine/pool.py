@@ -17,7 +17,8 @@ once, since a crash that leaves its peers in a gloo collective would
 otherwise cost the whole grace every time. The same rule ends the wait for
 ranks silent beside ranks that answered, and a deadlock of every rank ends it
 once proven (:class:`~harness.engine.attribution.DeadlockWatch`, after
-``QUIET_S``) instead of at the timeout. Ranks still silent have their Python
+``QUIET_S``) instead of at the timeout; beside answers without a failure that
+rule waits ``SETTLE_S`` first, since the rest usually answer within milliseconds. Ranks still silent have their Python
 stacks dumped (faulthandler on SIGUSR1, into their logs); the collectives a
 rank without an answer had issued are read from the file it writes them to
 before issuing each (``rank<r>.calls`` beside its log); and
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 
 PEER_GRACE_S = 3.0
 RECHECK_S = 0.05  # after a failure, how often the silent ranks' collectives are read again
+SETTLE_S = 0.25  # after a first answer without a failure, the others usually follow within milliseconds
 QUIET_S = 3.0  # every rank silent this long: the pool starts looking for a deadlock
 DUMP_WAIT_S = 2.0
 STOP_WAIT_S = 5.0
@@ -235,6 +237,7 @@ class Pool:
         started = time.monotonic()
         deadline = started + timeout
         first_failure: Optional[float] = None
+        first_answer: Optional[float] = None
         stuck_dumps: dict[int, str] = {}  # silent ranks whose stack showed them inside a collective
         dumped: set[int] = set()  # silent ranks whose stack was looked at once already
         watch = DeadlockWatch(range(n))
@@ -244,7 +247,10 @@ class Pool:
             remaining = limit - time.monotonic()
             if remaining <= 0:
                 break
-            if first_failure is not None or len(pending) < n:
+            settle = first_answer + SETTLE_S - time.monotonic() if first_failure is None and first_answer else 0
+            if settle > 0:  # reading the silent ranks' collectives would only take a core from them
+                remaining = min(remaining, settle)
+            elif first_failure is not None or len(pending) < n:
                 # Silent ranks after a failure, or beside ranks that answered: they may wait for good.
                 if self._all_stuck(pending, observations, stuck_dumps, dumped):
                     stopped_early = first_failure is None
@@ -267,6 +273,7 @@ class Pool:
                     ob.collectives = self.calls_of(r)
                     first_failure = first_failure or time.monotonic()
                 else:
+                    first_answer = first_answer or time.monotonic()
                     ob.result = RankResult.from_dict(msg.get("result", {"rank": r}))
                     if ob.result.status is RankStatus.ERROR:
                         first_failure = first_failure or time.monotonic()
@@ -343,10 +350,8 @@ class Pool:
                 return conn.recv()
         except (EOFError, OSError):
             return None
-        if not self.procs[r].is_alive():
-            return None
-        # The sentinel fired but the pipe is empty: the process is exiting.
-        self.procs[r].join(timeout=STOP_WAIT_S)
+        if self.procs[r].is_alive():  # the sentinel fired but the pipe is empty: the process is exiting
+            self.procs[r].join(timeout=STOP_WAIT_S)
         return None
 
     def dump_stack(self, r: int) -> str:
@@ -375,12 +380,9 @@ class Pool:
         return read_sink(calls_path(str(self.logdir / f"rank{r}.log"))) if self.logdir else None
 
     def log_tail(self, r: int, limit: int = LOG_TAIL) -> str:
-        if self.logdir is None:
-            return ""
-        return read_from(self.logdir / f"rank{r}.log", 0)[-limit:]
+        return read_from(self.logdir / f"rank{r}.log", 0)[-limit:] if self.logdir is not None else ""
 
 
-# What a rank imports anyway, imported once in the forkserver so that every fork has it already.
 @contextlib.contextmanager
 def _environment(env: dict[str, str]):
     """``env`` set in this process while ranks are started (a spawned rank inherits it at exec), then undone."""
@@ -389,11 +391,9 @@ def _environment(env: dict[str, str]):
     try:
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        os.environ.update({k: v for k, v in saved.items() if v is not None})
+        for k in [k for k, v in saved.items() if v is None]:
+            os.environ.pop(k, None)
 
 
 @contextlib.contextmanager
