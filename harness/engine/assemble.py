@@ -16,6 +16,7 @@ rank (compiled cases), and what the known-issues file says of it. An error that
 from __future__ import annotations
 
 import datetime
+from functools import lru_cache
 from typing import Optional
 
 from harness.buildinfo import BuildInfo
@@ -48,13 +49,19 @@ def not_run(case, impl, info: BuildInfo, device: str, backend: str, status: Stat
     return record(case, impl, info, device, backend, status, reason)
 
 
+@lru_cache(maxsize=8192)
+def ranked(name: str, rank: int) -> str:
+    """A rank's metric name as the record files it (``rank<r>.`` in front; the names repeat from case to case)."""
+    return str(MetricKey.parse(name).on_rank(rank))
+
+
 def from_outcome(case, impl, info: BuildInfo, device: str, backend: str, outcome, started: str,
                  duration: float) -> Record:
     """The record of a task every rank took part in (``outcome``: a pool's or torchrun's TaskOutcome)."""
     from harness.scenarios import module as scenario
 
     results = [r for r in outcome.results if r is not None]
-    metrics = {str(MetricKey.parse(name).on_rank(res.rank)): m for res in results for name, m in res.metrics.items()}
+    metrics = {ranked(name, res.rank): m for res in results for name, m in res.metrics.items()}
     status = outcome.status
     text = attribution_message(outcome.ranks)
     if status == Status.ERROR:
