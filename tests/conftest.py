@@ -73,11 +73,13 @@ def no_gpu_reason():
 
 
 def expected_seconds(item) -> float:
-    """What ordering goes by: a sweep's measured seconds, a few for a ``slow`` test, none otherwise."""
-    sweep = item.get_closest_marker("sweep")
-    if sweep is not None:
-        return float(sweep.args[0]) if sweep.args else 20.0
-    return 5.0 if item.get_closest_marker("slow") is not None else 0.0
+    """What ordering goes by: a sweep's or a ``slow(seconds)`` test's measured seconds, a few for another ``slow``
+    test, none otherwise (so that no xdist worker is left with a long test at the end)."""
+    for name, default in (("sweep", 20.0), ("slow", 5.0)):
+        marker = item.get_closest_marker(name)
+        if marker is not None:
+            return float(marker.args[0]) if marker.args else default
+    return 0.0
 
 
 def pytest_collection_modifyitems(config, items):

@@ -52,6 +52,7 @@ def test_a_report_of_records_that_compared_nothing_has_numeric_metrics():
 
 
 @no_gpu_here
+@pytest.mark.slow(15)
 def test_the_cuda_tests_are_collected_and_skipped_with_the_reason():
     target = str(ROOT / "tests" / "kernels" / "test_cuda_kernels.py")
     base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", target]

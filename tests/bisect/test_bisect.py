@@ -267,7 +267,7 @@ def test_bisect_over_real_environments_lands_on_the_defect_and_reuses_the_cache(
     assert t_second < t_first / 5, (t_first, t_second)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(17)
 def test_bisect_command_stops_when_the_good_end_is_bad(tmp_path):
     wheels = build_wheels(tmp_path, versions=[1, 2, 3], defect_from=1, broken=())
     env = {"SYNCBN_HARNESS_CACHE": str(tmp_path / "cache")}
@@ -285,7 +285,7 @@ def test_bisect_command_stops_when_the_good_end_is_bad(tmp_path):
     assert [b["label"] for b in out["builds"] if b["verdict"]] == ["syncbnplug==1"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(22)
 def test_a_build_that_fails_to_install_is_skipped_not_fatal(tmp_path, monkeypatch):
     monkeypatch.setenv("SYNCBN_HARNESS_CACHE", str(tmp_path / "cache"))
     wheels = build_wheels(tmp_path, versions=[1, 2, 3], defect_from=3, broken=(), uninstallable=(2,))
@@ -301,7 +301,7 @@ def test_a_build_that_fails_to_install_is_skipped_not_fatal(tmp_path, monkeypatc
     assert "could not be tested" in bisection.summary()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(17)
 def test_bisect_between_two_wheel_files(tmp_path, monkeypatch):
     monkeypatch.setenv("SYNCBN_HARNESS_CACHE", str(tmp_path / "cache"))
     wheels = build_wheels(tmp_path, versions=[4, 5], defect_from=5, broken=())

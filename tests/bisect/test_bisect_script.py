@@ -65,7 +65,7 @@ def repo(tmp_path) -> tuple[Path, list[str]]:
     return repo, commits
 
 
-@pytest.mark.slow
+@pytest.mark.slow(25)
 def test_git_bisect_run_lands_on_the_planted_commit(repo, tmp_path):
     repo, commits = repo
     script = write_script(str(tmp_path / "step.py"), Selection(impls=("bisectplug:SyncBatchNorm",),

@@ -77,6 +77,7 @@ def test_overlay_build_keys_name_the_commit_and_the_base():
     assert build_key("2.13.0+cpu", "c" * 40, "cpu", "gloo") == f"2.13.0+cpu-{'c' * 12}-cpu-gloo"
 
 
+@pytest.mark.slow(12)
 def test_too_far_and_unknown_base_are_refused_before_anything_is_made(tmp_path, monkeypatch):
     monkeypatch.setenv("SYNCBN_HARNESS_CACHE", str(tmp_path / "cache"))
     repo = PytorchRepo(tmp_path / "pytorch")
@@ -151,7 +152,7 @@ def test_overlay_bisection_finds_the_planted_commit_and_reuses_everything(tmp_pa
     assert t_second < t_first / 3, (t_first, t_second)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(18)
 def test_untestable_commits_next_to_the_defect_are_handed_to_bisect_script(tmp_path, monkeypatch, kernels):
     isolated_cache(tmp_path, monkeypatch)
     repo = PytorchRepo(tmp_path / "pytorch")

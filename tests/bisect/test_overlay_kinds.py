@@ -89,7 +89,7 @@ def test_a_python_defect_among_off_path_cpp_commits_is_found_exactly(tmp_path, m
     assert 0 in got.approximate  # the good end lacks the jit change the binary has: off the path
 
 
-@pytest.mark.slow
+@pytest.mark.slow(21)
 def test_a_compiled_culprit_on_the_path_is_named_with_the_commands_that_build_only_it(tmp_path, monkeypatch,
                                                                                         kernels):
     isolated_cache(tmp_path, monkeypatch)

@@ -20,6 +20,7 @@ FLAT = ("all_gather_single", "all_gather_into_tensor", "_all_gather_base")
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.slow(20)
 def test_every_collective_is_bitwise_gloo_and_the_flat_gather_keeps_rank_order(world_size):
     gloo = collective_ranks.run(world_size, "gloo")
     contract = collective_ranks.run(world_size, NAME)
@@ -54,6 +55,7 @@ def test_the_flat_gather_refuses_what_nccl_refuses():
 
 
 @pytest.mark.skipif(not hasattr(torch, "compile"), reason="torch.compile needs torch >= 2.0")
+@pytest.mark.slow(13)
 def test_compiled_cases_run_over_the_contract_backend_as_over_gloo():
     """torch.compile over an nccl-contract group: dynamo asks the group its name and must not trace into its
     Python collectives (a C++ group is opaque to it); the case then passes as it does over gloo."""

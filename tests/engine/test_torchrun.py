@@ -56,7 +56,7 @@ def two_agents(tmp_path, *run_args, timeout=600):
     return [a.returncode for a in agents], outs, records
 
 
-@pytest.mark.slow
+@pytest.mark.slow(16)
 def test_two_agents_store_passing_records(tmp_path):
     codes, outs, records = two_agents(tmp_path, "--impl", "reference",
                                       *[arg for p in PATTERNS for arg in ("--case", p)], "--timeout", "120")
@@ -129,7 +129,7 @@ def test_a_failing_rank_is_recorded_and_attributed_and_the_job_ends(tmp_path, pr
     assert [[r["status"] for r in p] for p in printed] == [[status]]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(16)
 def test_compare_runs_under_torchrun_as_in_the_local_pool(tmp_path):
     """``run --compare A,B`` under torchrun: A's record says how it differs from B, as a local run's does."""
     case = "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2"
@@ -183,7 +183,7 @@ def finish(job: subprocess.Popen) -> list[dict]:
     return json.loads(out[out.index("["):])
 
 
-@pytest.mark.slow
+@pytest.mark.slow(30)
 def test_jobs_sharing_a_rendezvous_id_keep_their_own_crash_reports(tmp_path):
     cache = tmp_path / "cache"
     # The old predictable place of the crash reports, planted as a link to a folder that must stay untouched.

@@ -59,7 +59,7 @@ def test_the_device_command_and_what_travels_fit_the_lent_machine():
     assert tree_bytes() + carried <= 64 * MIB
 
 
-@pytest.mark.slow
+@pytest.mark.slow(24)
 @pytest.mark.skipif(not cuda_python(), reason=f"set {CUDA_PYTHON_ENV} to a Python whose torch is a CUDA build "
                                               "(.ci/run sets it to the CUDA-compile check's venv)")
 def test_the_wrapper_runs_offline_and_packs_what_it_has(tmp_path):

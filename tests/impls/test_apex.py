@@ -234,6 +234,7 @@ def test_a_syncbn_that_fails_to_load_is_the_fallback_not_the_optimized_path(site
     assert "undefined symbol" in apex_state()
 
 
+@pytest.mark.slow(12)
 def test_optimized_state_is_cuda_only_and_unsupported_on_cpu(site):
     root = site({"apex/__init__.py": "from . import parallel\n", "apex/parallel/__init__.py": PARALLEL_INIT,
                  "apex/parallel/sync_batchnorm.py": FALLBACK,
@@ -276,7 +277,7 @@ STAND_IN_CASES = ["allgather-shape/uneven-2-6/float32-float32/channels_last/ws2"
                   "process-group/pairs-01-23/ws4", "channels-last/uneven/channels_last/ws2"]
 
 
-@pytest.mark.slow
+@pytest.mark.slow(13)
 def test_the_adapter_builds_converts_and_runs_an_apex_shaped_package(site):
     """apex itself cannot be installed here (it is not on the package index and its build needs a CUDA build of
     torch), so the adapter's build (apex's positional constructor), convert (``convert_syncbn_model``),

@@ -149,7 +149,7 @@ json.dump(module.observed("cpu"), sys.stdout)
 """
 
 
-@pytest.mark.slow
+@pytest.mark.slow(23)
 def test_the_emulated_kernels_refuse_exactly_what_the_contract_says(kernels):
     """Every combination: CUDA's exception type and message where the contract refuses, its output dtypes else."""
     done = subprocess.run([sys.executable, "-c", SWEEP, __file__], capture_output=True, text=True, timeout=600)

@@ -103,6 +103,7 @@ def test_check_exits_125_when_kernels_cannot_build(tmp_path):
     assert "cannot test" in proc.stderr and "no C++ compiler" in proc.stderr
 
 
+@pytest.mark.slow(26)
 def test_compile_error_names_the_cause_and_says_what_it_built(tmp_path, monkeypatch, capfd):
     """A source that does not compile gives the compiler's message and the fix; the build announced itself."""
     bad = tmp_path / "bad.cpp"

@@ -82,7 +82,7 @@ def test_repro_fails_for_the_defect_and_passes_without_it(plugins, tmp_path):
     assert good.stdout.startswith("PASS: good_bn:SyncBatchNorm agrees")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(13)
 def test_repro_runs_under_torchrun(plugins, tmp_path):
     out = tmp_path / "repro_biased.py"
     assert write("biased_bn:SyncBatchNorm", out, "--no-run", pythonpath=str(plugins)).returncode == 0
@@ -93,6 +93,7 @@ def test_repro_runs_under_torchrun(plugins, tmp_path):
     assert "running_var" in proc.stdout
 
 
+@pytest.mark.slow(11)
 def test_repro_of_torch_targets_cuda_and_says_why(plugins, tmp_path):
     out = tmp_path / "repro_torch.py"
     proc = write("torch", out, "--no-run")

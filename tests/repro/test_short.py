@@ -100,7 +100,7 @@ def assert_short_and_standalone(text: str) -> None:
     assert not re.search(r"(^|[^A-Za-z0-9_.])/(tmp|root|home|work)/", text), "a machine path in the file"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(22)
 @pytest.mark.parametrize("impl, case, shows", PLANTED, ids=[p[0].split(":")[-1] for p in PLANTED])
 def test_short_repro_shows_the_defect_and_passes_once_fixed(impl, case, shows, plugins, bare_python, tmp_path):
     path = tmp_path / "repro.py"
@@ -125,7 +125,7 @@ def test_short_repro_shows_the_defect_and_passes_once_fixed(impl, case, shows, p
     assert "no symptom" in good.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.slow(18)
 def test_torch_empty_rank_half_crash_shows_standalone_on_cpu_stand_ins(bare_python, tmp_path):
     """torch's own defect (an empty rank all_gathers a half row where the others send float32), through the
     file's CPU stand-ins for torch's CUDA ops; the same layer with both ranks non-empty is the control."""
@@ -148,7 +148,7 @@ def test_torch_empty_rank_half_crash_shows_standalone_on_cpu_stand_ins(bare_pyth
     assert good.returncode == 0, good.stdout + good.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.slow(11)
 def test_a_share_only_difference_is_said_not_to_show(plugins, tmp_path):
     """Gradient shares averaged inside the layer: each rank's share is wrong but their sum (all DDP uses) is
     right, so the file, which checks the sum, does not show it, and the command says so after running it."""
@@ -171,6 +171,7 @@ def test_the_short_form_refuses_what_it_cannot_state(tmp_path):
     assert not (tmp_path / "x.py").exists()
 
 
+@pytest.mark.slow(20)
 def test_a_file_written_to_a_relative_path_is_run_once_from_its_folder(plugins, tmp_path):
     """``-o sub/repro.py`` from another folder: the check run finds the file (it once named the folder twice)."""
     env = {**os.environ, "PYTHONPATH": plugins}

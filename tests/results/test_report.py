@@ -304,7 +304,7 @@ def _run_on_a_tty(args, env) -> tuple[int, str, str]:
     return proc.returncode, proc.stdout.decode(), b"".join(chunks).decode(errors="replace")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(60)
 def test_run_draws_progress_on_a_terminal_but_not_with_json(tmp_path):
     cases = small_selection(2)
     sel = ["--impl", "reference", *[a for c in cases for a in ("--case", c)], "--store", str(tmp_path / "s")]

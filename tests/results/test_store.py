@@ -273,7 +273,7 @@ def test_concurrent_writer_processes_never_interleave_lines(tmp_path):
         assert mine == [f"numerics/{tag}-{i}/ws2" for i in range(n)], "a writer's records are lost or reordered"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(13)
 def test_two_runs_into_one_store_at_once(tmp_path):
     env = harness_env(tmp_path)
     cases = small_selection(4)
@@ -291,7 +291,7 @@ def test_two_runs_into_one_store_at_once(tmp_path):
 
 # --- the run command: kill, resume, refusal ---------------------------------------------------------------------
 
-@pytest.mark.slow
+@pytest.mark.slow(20)
 def test_sigkill_midway_then_resume_loses_nothing_and_reruns_nothing(tmp_path):
     cases = small_selection(6)
     # TMPDIR: the SIGKILLed harness cannot remove multiprocessing's folder (pymp-*): let it be the test's.

@@ -37,7 +37,7 @@ def _catchers():
     return converters.CATCHERS
 
 
-@pytest.mark.slow
+@pytest.mark.slow(17)
 def test_the_reference_converter_passes_the_whole_family_checkpoints_included():
     cases = [c for c in catalog.select(["conversion/*"], exhaustive=True)]
     from harness.scenarios.checkpoint import MODES

@@ -85,6 +85,7 @@ def test_correct_implementations_raise_no_finding_over_training_systems():
     assert not result.new, [(f.signature, f.minimal.id) for f in result.new]
 
 
+@pytest.mark.slow(20)
 def test_cli_search_draws_the_named_systems(tmp_path):
     cmd = [sys.executable, "-m", "harness", "search", "--impl", "reference", "--device", "cpu", "--scenario", "ddp",
            "--scenario", "validation", "--max-cases", "6", "--store", str(tmp_path / "s"), "--out",
