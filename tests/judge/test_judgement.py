@@ -24,6 +24,7 @@ import pytest
 from harness import catalog
 from harness.engine.session import RunOptions, resolve_impls, run_selection
 from harness.results.records import Status
+from harness.selection import DEFAULT_TIMEOUT_S
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 pytestmark = pytest.mark.usefixtures("support_on_path")
@@ -33,7 +34,9 @@ CORRECT_USE_AT_MOST = 0.5
 
 
 
-def run(impl_names, cases, timeout=60):
+def run(impl_names, cases, timeout=DEFAULT_TIMEOUT_S):
+    # The sweeps run under a run's default timeout: a compile case's first run includes inductor's compile, which
+    # took over 60 s on a slow two-core machine with the other xdist worker busy (a "hang" of a correct SyncBN).
     return list(run_selection(cases, resolve_impls(impl_names), RunOptions(timeout=timeout, diagnose=False)))
 
 

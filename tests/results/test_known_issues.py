@@ -92,7 +92,7 @@ def test_bad_known_issues_file_names_the_problem(tmp_path):
         known_issues.load(str(f))
 
 
-@pytest.mark.sweep(29)
+@pytest.mark.sweep(64)
 def test_shipped_known_issues_file_is_valid_and_every_pattern_names_a_case():
     from harness import catalog
 
