@@ -15,10 +15,10 @@ a done member of its group never issued it, or died having issued it while
 the silent rank's stack is inside torch.distributed): then the wait ends at
 once, since a crash that leaves its peers in a gloo collective would
 otherwise cost the whole grace every time. The same rule ends the wait for
-ranks silent beside ranks that answered, and a deadlock of every rank ends it
-once proven (:class:`~harness.engine.attribution.DeadlockWatch`, after
-``QUIET_S``) instead of at the timeout; beside answers without a failure that
-rule waits ``SETTLE_S`` first, since the rest usually answer within milliseconds. Ranks still silent have their Python
+ranks silent beside ranks that answered (after ``SETTLE_S`` when none failed:
+the rest usually answer within milliseconds), and a deadlock of every rank
+ends it once proven (:class:`~harness.engine.attribution.DeadlockWatch`, after
+``QUIET_S``) instead of at the timeout. Ranks still silent have their Python
 stacks dumped (faulthandler on SIGUSR1, into their logs); the collectives a
 rank without an answer had issued are read from the file it writes them to
 before issuing each (``rank<r>.calls`` beside its log); and
