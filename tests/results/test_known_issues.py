@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from harness.errors import UsageError
@@ -92,7 +94,7 @@ def test_bad_known_issues_file_names_the_problem(tmp_path):
         known_issues.load(str(f))
 
 
-@pytest.mark.sweep(64)
+@pytest.mark.sweep(30)
 def test_shipped_known_issues_file_is_valid_and_every_pattern_names_a_case():
     from harness import catalog
 
@@ -105,25 +107,36 @@ def test_shipped_known_issues_file_is_valid_and_every_pattern_names_a_case():
         assert e.link.startswith("https://") and e.note
         for pattern in e.cases:
             if pattern.startswith("search/") and not any(fnmatch.fnmatchcase(i, pattern) for i in ids):
-                # A pattern over generated cases: search must be able to draw one it names.
-                assert _drawable(pattern), f"{pattern} matches no case search draws"
+                # A pattern over generated cases: search must draw one it names.
+                drawn = _drawn("system" if pattern.startswith("search/system/") else "layer")
+                assert any(fnmatch.fnmatchcase(i, pattern) for i in drawn), \
+                    f"{pattern} matches none of {len(drawn)} cases search drew"
                 continue
             assert any(fnmatch.fnmatchcase(i, pattern) for i in ids), f"{pattern} matches no case"
 
 
-def _drawable(pattern: str) -> bool:
-    import fnmatch
+# How many cases of each kind the check draws. The rarest patterns shipped: a sliced float16 view of under 10
+# channels (8 of the 4000 layer cases drawn), a conversion of a model without running statistics (34 of 4000
+# training-system cases, 5 of the 1000 drawn here).
+DRAWS = {"layer": 4000, "system": 1000}
 
-    from hypothesis import HealthCheck, find, settings
-    from hypothesis.errors import NoSuchExample
+
+@functools.lru_cache(maxsize=None)
+def _drawn(kind: str) -> tuple:
+    """The IDs of the :data:`DRAWS` cases of ``kind`` search draws (layer cases, or every training system, join
+    included, as search draws it when named), from a fixed seed: the same sample on every run."""
+    from hypothesis import HealthCheck, Phase, given, seed, settings
 
     from harness.search import space, systems
 
-    # A training-system pattern is drawn from the systems strategy, join included (search draws it when named).
-    drawn = systems.strategy(systems.SYSTEMS) if pattern.startswith("search/system/") else space.strategy()
-    try:
-        find(drawn, lambda c: fnmatch.fnmatchcase(c.id, pattern),
-             settings=settings(max_examples=2000, database=None, suppress_health_check=list(HealthCheck)))
-    except NoSuchExample:
-        return False
-    return True
+    ids = []
+
+    @seed(0)
+    @settings(max_examples=DRAWS[kind], database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(systems.strategy(systems.SYSTEMS) if kind == "system" else space.strategy())
+    def draw(case):
+        ids.append(case.id)
+
+    draw()
+    return tuple(ids)
