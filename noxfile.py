@@ -57,27 +57,54 @@ def cuda_compile(session: nox.Session) -> None:
         env={"SYNCBN_HARNESS_CACHE": cache})
 
 
+BUILD_PYTHON_ENV = "SYNCBN_HARNESS_BUILD_PYTHON_{}"  # the version, dots as underscores: ..._PYTHON_2_14_1
+
+
+def lent_python(session: nox.Session, torch_build: str) -> str | None:
+    """The interpreter ``$SYNCBN_HARNESS_BUILD_PYTHON_<version>`` names for this build, if set: an environment
+    that already holds that torch and this checkout (CI lends its test venv and the CUDA compile check's, so
+    that no build is installed twice). Its torch must be the build's version."""
+    version = torch_build.split("==", 1)[1]
+    variable = BUILD_PYTHON_ENV.format(version.replace(".", "_"))
+    python = os.environ.get(variable)
+    if not python:
+        return None
+    found = session.run(python, "-c", "import torch; print(torch.__version__.split('+')[0])",
+                        external=True, silent=True, success_codes=[0, 1])
+    found = ((found or "").strip().splitlines() or ["no output"])[-1]
+    if found != version:
+        has = f"torch {found}" if found[:1].isdigit() else f"no importable torch ({found})"
+        session.error(f"{variable}={python} has {has}, not {version}: name an environment with "
+                      f"{torch_build} and this checkout installed, or unset {variable} to let the session "
+                      "install them")
+    return python
+
+
 @nox.session(python="3.11")
 @nox.parametrize("torch_build", [CPU_TORCH, CUDA_TORCH], ids=["torch-2.13.0", "torch-2.14.1"])
 def builds(session: nox.Session, torch_build: str) -> None:
     """The default selection against torch 2.13.0 and 2.14.1 (each in its own venv) into one store, then the report.
 
     `nox -s builds` runs both builds in turn; each writes the cross-build report over the whole store
-    afterwards, so the last one covers both. Extra arguments go to `run` (e.g. `-- --resume`).
+    afterwards, so the last one covers both. Extra arguments go to `run` (e.g. `-- --resume`). A build runs in
+    the environment `$SYNCBN_HARNESS_BUILD_PYTHON_<version>` names where that is set (:func:`lent_python`).
     """
-    session.install("--no-compile", torch_build, "-e", ".")
+    python = lent_python(session, torch_build)
+    if python is None:
+        session.install("--no-compile", torch_build, "-e", ".")
+    harness = [python, "-m", "harness"] if python else ["syncbn-harness"]
     store = os.environ.get("SYNCBN_HARNESS_STORE") or os.path.join("results", "builds")
     out = os.environ.get("SYNCBN_HARNESS_REPORTS") or os.path.join("reports", "builds")
     # The harness's own cache, as for any run: kernels and compiled graphs are keyed by the torch build, so a
     # build's kernels already made (by the tests, for torch 2.13.0) are used, not made again in each venv.
     env = {"MAX_JOBS": "2"}
-    session.run("syncbn-harness", "env", env=env)
+    session.run(*harness, "env", env=env, external=True)
     # Known issues do not fail a run; anything else that fails (exit 1) fails the session, after the report is
     # written so that the failure can be read there.
     try:
-        session.run("syncbn-harness", "run", "--device", "cpu", "--store", store, *session.posargs, env=env)
+        session.run(*harness, "run", "--device", "cpu", "--store", store, *session.posargs, env=env, external=True)
     finally:
-        session.run("syncbn-harness", "report", "--store", store, "--out", out, env=env)
+        session.run(*harness, "report", "--store", store, "--out", out, env=env, external=True)
 
 
 # ---------------------------------------------------------------------- the GPU suite
