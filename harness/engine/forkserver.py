@@ -4,7 +4,7 @@ A rank needs torch (a second or more of CPU to import), the harness's rank
 modules, the reference kernels and, for the scenarios that build optimizers
 or compile (:data:`DYNAMO_SCENARIOS`), ``torch._dynamo`` (another second:
 ``torch.optim`` imports it on the first optimizer) and inductor's compiler
-(the last two on CPU builds of torch only, see :mod:`harness.engine.warm`). Imported once in the
+(the last two where no GPU can be reached, see :mod:`harness.engine.warm`). Imported once in the
 forkserver, each costs nothing per rank, and restarting a pool after a crash
 costs a fork per rank instead of fresh interpreters.
 
@@ -43,7 +43,7 @@ PRELOAD = ("harness.engine.rank", "harness.scenarios.layer", "harness.scenarios.
            "torch.distributed._functional_collectives",  # the collective recorder imports it (custom ops)
            "torch.fx.experimental.symbolic_shapes",  # the first backward imports it (and sympy): 0.8 s
            "harness.engine.warm")  # the reference kernels, best effort
-DYNAMO_PRELOAD = ("harness.engine.warm_dynamo",)  # torch._dynamo and inductor's compiler, on CPU builds
+DYNAMO_PRELOAD = ("harness.engine.warm_dynamo",)  # torch._dynamo and inductor's compiler, where no GPU is reachable
 
 # Scenarios whose ranks import torch._dynamo (optimizers, torch.compile); every other scenario never does.
 DYNAMO_SCENARIOS = ("model", "conversion", "checkpoint")

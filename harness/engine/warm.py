@@ -11,9 +11,11 @@ the forkserver outlives the command that started it by as long as that teardown 
 of CPU with torch loaded), which the next command (a ``git bisect run`` step, a benchmark's next
 turn) would pay.
 
-The kernels and dynamo are loaded on a CPU build of torch only: on a CUDA build anything that asked
-for a GPU would initialize CUDA in the forkserver, which its forked ranks could then not use, so
-ranks do it themselves there.
+The kernels and dynamo are loaded where no GPU can be reached (:func:`preload_is_safe`): a CPU build of
+torch, or a GPU build on a machine without a GPU device file. Elsewhere anything that asked for a GPU
+would initialize CUDA in the forkserver, which its forked ranks could then not use, so ranks do it
+themselves there (a CUDA build on a CPU-only machine, as in CI's cross-build run, restarted every pool
+with each rank importing dynamo again: 4-6 s a restart).
 Nothing here raises (whatever fails, a rank does again and reports), starts a thread or computes a
 tensor, so forking afterwards is safe.
 """
@@ -21,20 +23,28 @@ tensor, so forking afterwards is safe.
 from __future__ import annotations
 
 import atexit
+import glob
 import os
 import sys
 
 
-def _cpu_build() -> bool:
+# What a process opens to reach a GPU: NVIDIA's device files, ROCm's, WSL's GPU paravirtualization.
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/nvidia[0-9]*", "/dev/kfd", "/dev/dxg")
+
+
+def preload_is_safe() -> bool:
+    """Whether nothing here could initialize a GPU: torch is a CPU build, or this machine has no GPU device file."""
     import torch
 
-    return torch.version.cuda is None and getattr(torch.version, "hip", None) is None
+    if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+        return True
+    return not any(glob.glob(pattern) for pattern in GPU_DEVICE_FILES)
 
 
 def kernels() -> None:
     """Load the reference kernels if they are built for this torch (never compiles)."""
     try:
-        if _cpu_build():
+        if preload_is_safe():
             from harness.kernels import extension
 
             extension.load_if_built()
@@ -55,7 +65,7 @@ def dynamo() -> None:
     import importlib
 
     try:
-        if _cpu_build():
+        if preload_is_safe():
             import torch._dynamo
 
             torch._dynamo.lookup_backend("eager")

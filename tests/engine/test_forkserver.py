@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,32 @@ def test_a_tmpdir_too_deep_for_the_forkservers_socket_falls_back_to_spawn(tmp_pa
         forkserver.method()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     assert forkserver.socket_path_fits() == (len(str(tmp_path)) + 32 <= 107)
+
+
+PRELOAD_PROBE = """
+import glob, sys, torch
+from harness.engine import warm
+warm.dynamo()
+reachable = any(glob.glob(p) for p in warm.GPU_DEVICE_FILES)
+print(torch.version.cuda, warm.preload_is_safe(), reachable, 'torch._dynamo' in sys.modules,
+      torch.cuda.is_initialized())
+"""
+
+
+def test_the_forkserver_preloads_wherever_no_gpu_can_be_reached_and_never_initializes_cuda():
+    """On a CPU build always; on a CUDA build (CI lends the CUDA compile check's torch) only where this machine
+    has no GPU device file, and then without initializing CUDA (the forked ranks could not use it)."""
+    from harness.engine import warm
+
+    assert torch.version.cuda is not None or warm.preload_is_safe()
+    python = os.environ.get("SYNCBN_HARNESS_CUDA_TORCH_PYTHON")
+    if not python:
+        pytest.skip("set SYNCBN_HARNESS_CUDA_TORCH_PYTHON to a Python whose torch is a CUDA build "
+                    "(.ci/run sets it to the CUDA-compile check's venv)")
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([python, "-c", PRELOAD_PROBE], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cuda, safe, reachable, dynamo_loaded, initialized = proc.stdout.split()
+    assert cuda != "None", "the lent Python's torch is not a CUDA build"
+    assert safe == str(reachable == "False") and dynamo_loaded == safe
+    assert initialized == "False"
