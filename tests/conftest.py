@@ -51,6 +51,20 @@ def kernels():
     return torch.ops.syncbn_ref
 
 
+CUDA_TORCH_PYTHON_ENV = "SYNCBN_HARNESS_CUDA_TORCH_PYTHON"
+
+
+@pytest.fixture
+def cuda_torch_python() -> str:
+    """A Python whose torch is a CUDA build (``$SYNCBN_HARNESS_CUDA_TORCH_PYTHON``; `.ci/run` lends the CUDA
+    compile check's venv); the test is skipped, saying so, where none is named."""
+    python = os.environ.get(CUDA_TORCH_PYTHON_ENV)
+    if not python:
+        pytest.skip(f"set {CUDA_TORCH_PYTHON_ENV} to a Python whose torch is a CUDA build "
+                    "(.ci/run sets it to the CUDA-compile check's venv)")
+    return python
+
+
 def pytest_report_header(config):
     try:
         import torch

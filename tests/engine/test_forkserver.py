@@ -141,16 +141,13 @@ print(torch.version.cuda, warm.preload_is_safe(), reachable, 'torch._dynamo' in 
 """
 
 
-def test_the_forkserver_preloads_wherever_no_gpu_can_be_reached_and_never_initializes_cuda():
+def test_the_forkserver_preloads_wherever_no_gpu_can_be_reached_and_never_initializes_cuda(request):
     """On a CPU build always; on a CUDA build (CI lends the CUDA compile check's torch) only where this machine
     has no GPU device file, and then without initializing CUDA (the forked ranks could not use it)."""
     from harness.engine import warm
 
     assert torch.version.cuda is not None or warm.preload_is_safe()
-    python = os.environ.get("SYNCBN_HARNESS_CUDA_TORCH_PYTHON")
-    if not python:
-        pytest.skip("set SYNCBN_HARNESS_CUDA_TORCH_PYTHON to a Python whose torch is a CUDA build "
-                    "(.ci/run sets it to the CUDA-compile check's venv)")
+    python = request.getfixturevalue("cuda_torch_python")  # after the CPU-build check, which runs everywhere
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([python, "-c", PRELOAD_PROBE], cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]

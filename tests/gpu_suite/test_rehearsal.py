@@ -20,14 +20,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CUDA_PYTHON_ENV = "SYNCBN_HARNESS_CUDA_TORCH_PYTHON"
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 MIB = 2**20
-
-
-def cuda_python() -> str | None:
-    """A Python whose torch is a CUDA build: ``$SYNCBN_HARNESS_CUDA_TORCH_PYTHON``, else None."""
-    return os.environ.get(CUDA_PYTHON_ENV) or None
 
 
 def offline_prefix() -> list[str]:
@@ -60,10 +54,8 @@ def test_the_device_command_and_what_travels_fit_the_lent_machine():
 
 
 @pytest.mark.slow(24)
-@pytest.mark.skipif(not cuda_python(), reason=f"set {CUDA_PYTHON_ENV} to a Python whose torch is a CUDA build "
-                                              "(.ci/run sets it to the CUDA-compile check's venv)")
-def test_the_wrapper_runs_offline_and_packs_what_it_has(tmp_path):
-    py = cuda_python()
+def test_the_wrapper_runs_offline_and_packs_what_it_has(tmp_path, cuda_torch_python):
+    py = cuda_torch_python
     probe = subprocess.run([py, "-c", "import torch; print(torch.version.cuda, torch.cuda.is_available())"],
                            capture_output=True, text=True, timeout=300)
     assert probe.returncode == 0 and probe.stdout.split()[0] != "None", probe.stdout + probe.stderr
