@@ -1,9 +1,9 @@
 """The issue-ready repro: a short standalone file that shows one symptom of one case.
 
 What a maintainer receives: one Python file of about a hundred lines that
-needs nothing but torch and the library under test. It spawns the ranks
-itself (gloo on CPU; torch's own layer runs on CUDA, over nccl when there is a
-GPU per rank and over gloo otherwise), makes the case's inputs from its seed
+needs nothing but torch and the library under test. It starts the ranks
+itself (forked on CPU, spawned on CUDA; gloo on CPU; torch's own layer runs on
+CUDA, over nccl when there is a GPU per rank and over gloo otherwise), makes the case's inputs from its seed
 in a few lines (the same draws as the harness's, so the same numbers), runs
 the layer step by step, and compares the one quantity the finding names with
 ``torch.nn.BatchNorm{1,2,3}d`` run in float64 over the whole batch (the

@@ -18,6 +18,12 @@ from harness.catalog.case import Case
 
 BN_CLASS = {2: "BatchNorm1d", 3: "BatchNorm1d", 4: "BatchNorm2d", 5: "BatchNorm3d"}
 
+# How the ranks start: forked on CPU, where they inherit this process's imports instead of each importing
+# torch again (seconds a rank); spawned for CUDA, so that no rank inherits CUDA state from a library that
+# touched CUDA when it was imported.
+START = {False: 'START = "fork"  # the ranks inherit the imports above',
+         True: 'START = "spawn" if DEVICE == "cuda" else "fork"  # a CUDA rank inherits no CUDA state'}
+
 IMPORTS = r"""import datetime
 import math
 import socket
@@ -195,12 +201,12 @@ WORLD_BLOCK = r"""    members, group = list(range(len(SPATIAL))), None
 MAIN = r'''
 
 def main():
-    """Spawn the ranks; exit 1 if the SYMPTOM shows, 0 if every rank agrees with BatchNorm, 2 otherwise."""
+    """Start the ranks; exit 1 if the SYMPTOM shows, 0 if every rank agrees with BatchNorm, 2 otherwise."""
 @@NEEDS_GPU@@    with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     try:
-        mp.spawn(rank_main, (port,), nprocs=len(SPATIAL))
+        mp.start_processes(rank_main, (port,), nprocs=len(SPATIAL), start_method=START)
         seen, what = "pass", "every rank agrees with torch.nn.BatchNorm over the whole batch"
     except mp.ProcessRaisedException as e:  # a rank raised (a collective times out after 60 s): the traceback
         seen, what = ("hang" if "imed out" in str(e) else "error" if f"\n{ERROR_TYPE}: " in str(e) else "other"), e
@@ -379,7 +385,7 @@ def render(v: dict, *, cuda: bool, stand_ins: bool = True) -> str:
     across = sym.status == "mismatch" and sym.aspect == "across-ranks"
     gap = "\n\n" if "\ndef " in "\n" + v["import_line"] else ""  # two blank lines after a function
     parts = ["#!/usr/bin/env python3", "\n".join(doc) + '\n"""', IMPORTS, "\n" + v["import_line"] + "\n\n",
-             gap + constants(v) + f"DEVICE = {device}\nBACKEND = {backend}\n",
+             gap + constants(v) + f"DEVICE = {device}\nBACKEND = {backend}\n{START[cuda]}\n",
              data_block(v), TOLERANCE,
              OBSERVE_DEF.replace("@@OBSERVE@@", OBSERVE[quantity])]
     if quantity in ("grad_weight", "grad_bias"):
