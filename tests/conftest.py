@@ -10,8 +10,9 @@ Two tiers: tests marked ``sweep(seconds)`` (20 s or more on two cores: sweeps
 over a selection, searches, bisections over built environments) are left out
 by default (``-m "not sweep"`` in the project's pytest options) and run with
 ``-m sweep``, which ``.ci/run`` gives after the main suite. Within a run the
-longest go first (by their measured seconds, then ``slow``), so that neither
-xdist worker is left with a long test at the end while the other idles.
+longest go first (by their measured seconds, then ``slow``), and xdist hands
+them out one at a time (:func:`pytest_configure`), so that neither worker is
+left with a long test at the end while the other idles.
 """
 
 from __future__ import annotations
@@ -63,6 +64,14 @@ def cuda_torch_python() -> str:
         pytest.skip(f"set {CUDA_TORCH_PYTHON_ENV} to a Python whose torch is a CUDA build "
                     "(.ci/run sets it to the CUDA-compile check's venv)")
     return python
+
+
+def pytest_configure(config):
+    # xdist's default hands each worker a quarter of its share of the tests at once, in order: with the longest
+    # first, one worker got nearly all the long tests and ran for 720 s while the other finished at 444 s.
+    # One at a time (two queued per worker), the next test goes to whichever worker is free.
+    if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk", None) is None:
+        config.option.maxschedchunk = 1
 
 
 def pytest_report_header(config):
