@@ -11,8 +11,8 @@ over a selection, searches, bisections over built environments) are left out
 by default (``-m "not sweep"`` in the project's pytest options) and run with
 ``-m sweep``, which ``.ci/run`` gives after the main suite. Within a run the
 longest go first (by their measured seconds, then ``slow``), and xdist hands
-them out one at a time (:func:`pytest_configure`), so that neither worker is
-left with a long test at the end while the other idles.
+them out one at a time (:func:`pytest_xdist_make_scheduler`), so that neither
+worker is left with a long test at the end while the other idles.
 """
 
 from __future__ import annotations
@@ -66,12 +66,24 @@ def cuda_torch_python() -> str:
     return python
 
 
-def pytest_configure(config):
-    # xdist's default hands each worker a quarter of its share of the tests at once, in order: with the longest
-    # first, one worker got nearly all the long tests and ran for 720 s while the other finished at 444 s.
-    # One at a time (two queued per worker), the next test goes to whichever worker is free.
-    if config.pluginmanager.hasplugin("xdist") and config.getoption("maxschedchunk", None) is None:
-        config.option.maxschedchunk = 1
+# Modules whose tests share a module fixture of tens of seconds (real runs into a store): all of a module's
+# tests go to one worker, so that the fixture is made once, not once on each.
+SHARED_FIXTURE_MODULES = ("tests/results/test_report.py", "tests/results/test_gate.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Tests one at a time (at most three queued on a worker), in the order collected (longest first), but the
+    tests of :data:`SHARED_FIXTURE_MODULES` together. xdist's default instead handed each worker a quarter of
+    its share at once: with the longest first, one worker got nearly every long test and ran for 720 s while
+    the other finished at 444 s."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneAtATime(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::")[0]
+            return module if module in SHARED_FIXTURE_MODULES else nodeid
+
+    return OneAtATime(config, log)
 
 
 def pytest_report_header(config):
