@@ -3,8 +3,9 @@
 What a maintainer receives: one Python file of about a hundred lines that
 needs nothing but torch and the library under test. It starts the ranks
 itself (forked on CPU, spawned on CUDA; gloo on CPU; torch's own layer runs on
-CUDA, over nccl when there is a GPU per rank and over gloo otherwise), makes the case's inputs from its seed
-in a few lines (the same draws as the harness's, so the same numbers), runs
+CUDA, over nccl when there is a GPU per rank and over gloo otherwise), makes
+the case's inputs from its seed in a few lines (the same draws as the
+harness's, so the same numbers), runs
 the layer step by step, and compares the one quantity the finding names with
 ``torch.nn.BatchNorm{1,2,3}d`` run in float64 over the whole batch (the
 group's inputs concatenated), printing expected against actual. It exits 1

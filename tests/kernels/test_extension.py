@@ -28,6 +28,14 @@ def copied_sources(tmp_path, monkeypatch):
     return dst
 
 
+@pytest.fixture
+def tiny_schema(tmp_path, monkeypatch):
+    """A one-line source in place of the real schema source, which takes half a minute to compile."""
+    tiny = tmp_path / "tiny.cpp"
+    tiny.write_text("int syncbn_tiny() { return 0; }\n")
+    monkeypatch.setattr(kernels, "SCHEMA_SOURCES", [tiny])
+
+
 def key() -> str:
     return extension.BuildSpec(with_cuda=False, cuda_archs=None).key
 
@@ -103,15 +111,12 @@ def test_check_exits_125_when_kernels_cannot_build(tmp_path):
     assert "cannot test" in proc.stderr and "no C++ compiler" in proc.stderr
 
 
-def test_compile_error_names_the_cause_and_says_what_it_built(tmp_path, monkeypatch, capfd):
+def test_compile_error_names_the_cause_and_says_what_it_built(tmp_path, monkeypatch, capfd, tiny_schema):
     """A source that does not compile gives the compiler's message and the fix; the build announced itself.
-    (Both sources are tiny: the real schema source would go on compiling for half a minute beside the error.)"""
+    (The schema source is tiny: the real one would go on compiling for half a minute beside the error.)"""
     bad = tmp_path / "bad.cpp"
     bad.write_text("this is not C++;\n")
-    tiny = tmp_path / "tiny.cpp"
-    tiny.write_text("int syncbn_tiny() { return 0; }\n")
     monkeypatch.setenv("SYNCBN_HARNESS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(kernels, "SCHEMA_SOURCES", [tiny])
     monkeypatch.setattr(kernels, "CPU_SOURCES", [bad])
     with pytest.raises(KernelBuildError) as info:
         extension.build(extension.BuildSpec(with_cuda=False, cuda_archs=None))
@@ -122,16 +127,13 @@ def test_compile_error_names_the_cause_and_says_what_it_built(tmp_path, monkeypa
 
 
 @pytest.mark.skipif(extension.find_cuda_home() is None, reason="no CUDA toolkit here (nvcc not found)")
-def test_a_cuda_build_restores_cpp_extension_cuda_home(tmp_path, monkeypatch):
+def test_a_cuda_build_restores_cpp_extension_cuda_home(tmp_path, monkeypatch, tiny_schema):
     """The build points torch's cpp_extension at the real toolkit for its own use only, then puts it back."""
     import torch.utils.cpp_extension as cpp
 
     bad = tmp_path / "bad.cu"
     bad.write_text("this is not CUDA;\n")
-    tiny = tmp_path / "tiny.cpp"
-    tiny.write_text("int syncbn_tiny() { return 0; }\n")
     monkeypatch.setenv("SYNCBN_HARNESS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(kernels, "SCHEMA_SOURCES", [tiny])
     monkeypatch.setattr(kernels, "CPU_SOURCES", [])
     monkeypatch.setattr(kernels, "CUDA_SOURCES", [bad])
     sentinel = "/nonexistent/cuda-home-before-the-build"
