@@ -229,7 +229,7 @@ def test_one_rank_captured_and_replayed_matches_the_oracle():
 @pytest.mark.cuda
 def test_the_reference_cannot_be_captured():
     """What its capabilities say (graph_capture=False): its forward reads the global count on the host."""
-    from harness.catalog.case import materialize
+    from harness.catalog.data import materialize
     from harness.scenarios import cuda_graph
 
     case = one_rank_graph_case()

@@ -2,9 +2,11 @@
 
 A :class:`Case` is frozen plain data (numbers, strings, tuples) that crosses
 process boundaries as a dict (``to_dict``/``from_dict``). Its tensors are not
-stored: :func:`materialize` regenerates them from ``seed``, identically in
-every process, on CPU, and rounds them to the case's dtypes. The oracle and
-every rank therefore see the same inputs without sending them anywhere.
+stored: :func:`harness.catalog.data.materialize` regenerates them from
+``seed``, identically in every process, on CPU, and rounds them to the case's
+dtypes. The oracle and every rank therefore see the same inputs without
+sending them anywhere. This module names dtypes and layouts by their strings
+and never imports torch.
 
 Per step and rank, the input has shape ``(batch_sizes[r], channels,
 *spatial[r])`` (``step_batch_sizes[s][r]`` when the batch size changes between
@@ -25,12 +27,9 @@ either (:func:`evaluates`).
 from __future__ import annotations
 
 import zlib
-from dataclasses import asdict, dataclass, field, fields
-from typing import Optional, Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Optional
 
-import torch
-
-from harness.slices import batch_slices
 
 # Step kind -> what the normalization does in it: "train" (batch statistics, synchronized) or "eval".
 STEP_KINDS = {"train": "train", "fwd": "train", "nograd": "train", "eval": "eval", "eval-rank0": "eval",
@@ -53,26 +52,17 @@ USES = ("checkpoint-layer", "checkpoint-layer-reentrant", "checkpoint-block", "c
 COMPILE_BACKENDS = ("eager", "aot_eager", "inductor")
 COMPILE_OPTIONS = ("fullgraph", "dynamic")
 
-DTYPES = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
+DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
 # The dtypes a case's standard normals may be drawn in. torch draws float64 normals on CPU one value at a time
 # and float32 ones vectorized, about five times faster: search, whose cases are new, draws in float32; the
 # catalog's cases keep float64, since changing a case's draws would change its data under its stored records.
-NORMALS = {"float64": torch.float64, "float32": torch.float32}
+NORMAL_DTYPE_NAMES = ("float64", "float32")
 # Where each rank's samples come from. "sequential": one generator, seeded with the case's seed, draws the
 # parameters and then every step's ranks in order, so a rank's data depends on every rank before it (the
 # catalog's cases). "per-rank": the parameters from that generator, each rank's samples from a generator of its
 # own (:func:`rank_seed`), so a rank makes its own part alone (search's cases; see harness.engine.exchange).
 DRAWS = ("sequential", "per-rank")
-MEMORY_FORMATS = {
-    "contiguous": torch.contiguous_format,
-    "channels_last": torch.channels_last,
-    "channels_last_3d": torch.channels_last_3d,
-}
+MEMORY_FORMAT_NAMES = ("contiguous", "channels_last", "channels_last_3d")
 
 
 def evaluates(kind: str, rank: int, world_size: int) -> bool:
@@ -149,10 +139,10 @@ class Case:
             raise ValueError(f"case {self.id}: one spatial shape per rank needed")
         if len({len(s) for s in self.spatial}) != 1:
             raise ValueError(f"case {self.id}: every rank needs the same number of dims")
-        if self.dtype not in DTYPES or self.param_dtype not in DTYPES:
-            raise ValueError(f"case {self.id}: dtype must be one of {sorted(DTYPES)}")
-        if self.memory_format not in MEMORY_FORMATS:
-            raise ValueError(f"case {self.id}: memory_format must be one of {sorted(MEMORY_FORMATS)}")
+        if self.dtype not in DTYPE_NAMES or self.param_dtype not in DTYPE_NAMES:
+            raise ValueError(f"case {self.id}: dtype must be one of {sorted(DTYPE_NAMES)}")
+        if self.memory_format not in MEMORY_FORMAT_NAMES:
+            raise ValueError(f"case {self.id}: memory_format must be one of {sorted(MEMORY_FORMAT_NAMES)}")
         if any(k not in STEP_KINDS for k in self.steps):
             raise ValueError(f"case {self.id}: steps are {', '.join(STEP_KINDS)}, got {self.steps}")
         if self.steps and self.steps[-1] == "fwd" or any(a == "fwd" and b != "train"
@@ -173,8 +163,9 @@ class Case:
                              f"and options among {COMPILE_OPTIONS}, got {self.compile}")
         if any(o not in MODEL_OPTIONS for o in self.options):
             raise ValueError(f"case {self.id}: options are among {', '.join(MODEL_OPTIONS)}, got {self.options}")
-        if self.normals not in NORMALS:
-            raise ValueError(f"case {self.id}: normals must be one of {', '.join(NORMALS)}, got {self.normals!r}")
+        if self.normals not in NORMAL_DTYPE_NAMES:
+            raise ValueError(f"case {self.id}: normals must be one of {', '.join(NORMAL_DTYPE_NAMES)}, "
+                             f"got {self.normals!r}")
         if self.draws not in DRAWS:
             raise ValueError(f"case {self.id}: draws must be one of {', '.join(DRAWS)}, got {self.draws!r}")
         if self.rank_seeds and (self.draws != "per-rank" or len(self.rank_seeds) != self.world_size):
@@ -276,90 +267,6 @@ class Case:
         raise ValueError(f"rank {rank} is in no group of case {self.id}")
 
 
-@dataclass
-class CaseData:
-    """The tensors of a case, on CPU, already in their dtypes and layouts."""
-
-    inputs: list[list[Optional[torch.Tensor]]]  # [step][rank]; None for a rank not made (materialize's ranks)
-    grad_outputs: list[list[Optional[torch.Tensor]]]
-    weight: torch.Tensor
-    bias: torch.Tensor
-    running_mean: torch.Tensor
-    running_var: torch.Tensor
-    extra: dict = field(default_factory=dict)
-
-
 def rank_seed(seed: int, rank: int) -> int:
     """The seed of rank ``rank``'s own generator in a case whose samples are drawn per rank."""
     return seed * 65537 + rank + 1
-
-
-def materialize(case: Case, ranks: Optional[Sequence[int]] = None) -> CaseData:
-    """Regenerate the case's tensors from its seed, drawing its standard normals in its ``normals`` dtype (the
-    same result in every process).
-
-    ``ranks``: only these ranks' inputs and gradients (the others' entries are None), for a case drawn per rank
-    (``draws="per-rank"``); a sequential case's ranks cannot be made alone, so it always makes every rank's.
-    """
-    gen = torch.Generator().manual_seed(case.seed)
-    per_rank = case.draws == "per-rank"
-    if ranks is not None and not per_rank:
-        raise ValueError(f"case {case.id}: its samples are drawn in sequence, so no rank's can be made alone")
-    wanted = set(range(case.world_size) if ranks is None else ranks)
-    gens = [torch.Generator().manual_seed(s) for s in case.seeds_of_ranks()] if per_rank \
-        else [gen] * case.world_size
-    C = case.channels
-    dtype = DTYPES[case.dtype]
-    pdtype = DTYPES[case.param_dtype]
-    fmt = MEMORY_FORMATS[case.memory_format]
-    gfmt = MEMORY_FORMATS[case.grad_memory_format or case.memory_format]
-    normals = NORMALS[case.normals]
-    chan_off = torch.randn(C, generator=gen, dtype=torch.float64)
-    chan_scale = torch.rand(C, generator=gen, dtype=torch.float64) * 1.5 + 0.5
-    # Affine parameters of both signs and varied magnitude, never ones and zeros.
-    sign = torch.where(torch.rand(C, generator=gen) < 0.3, -1.0, 1.0).double()
-    weight = (sign * (torch.rand(C, generator=gen, dtype=torch.float64) * 1.5 + 0.25)).to(pdtype)
-    bias = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5).to(pdtype)
-    running_mean = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.1).to(pdtype)
-    running_var = (torch.rand(C, generator=gen, dtype=torch.float64) * 0.5 + 0.75).to(pdtype)
-    inputs, grads = [], []
-    for s in range(len(case.steps)):
-        xs, gs = [], []
-        for r, (n, sp) in enumerate(zip(case.sizes_at(s), case.spatial)):
-            if r not in wanted:
-                xs.append(None)
-                gs.append(None)
-                continue
-            shape = (n, C, *sp)
-            bshape = (1, C) + (1,) * len(sp)
-            # input_mean + input_scale * (chan_off + chan_scale * z), in float64, computed in place a batch slice
-            # at a time and rounded to the case's dtype (the same operations on the same values: bitwise the
-            # tensor the expression gives, without its temporaries, which stay in the cache).
-            z = torch.randn(shape, generator=gens[r], dtype=normals)
-            x = _empty_like(z, dtype, fmt)
-            for a, e in batch_slices(z):
-                v = z[a:e] if normals is torch.float64 else z[a:e].to(torch.float64)
-                v.mul_(chan_scale.view(bshape)).add_(chan_off.view(bshape)).mul_(case.input_scale)
-                v.add_(case.input_mean)
-                for c in case.constant_channels:
-                    v[:, c] = case.input_mean + case.input_scale * float(chan_off[c])
-                x[a:e].copy_(v)
-            g = torch.randn(shape, generator=gens[r], dtype=normals)
-            xs.append(x)
-            gs.append(_cast(g, dtype, gfmt))
-        inputs.append(xs)
-        grads.append(gs)
-    return CaseData(inputs, grads, weight, bias, running_mean, running_var)
-
-
-def _cast(t: torch.Tensor, dtype: torch.dtype, fmt: torch.memory_format) -> torch.Tensor:
-    """``t`` rounded to ``dtype`` in layout ``fmt``, in one copy (``_layout(t.to(dtype), fmt)`` takes two)."""
-    return _empty_like(t, dtype, fmt).copy_(t)
-
-
-def _empty_like(t: torch.Tensor, dtype: torch.dtype, fmt: torch.memory_format) -> torch.Tensor:
-    """An uninitialized tensor of ``t``'s shape in ``dtype`` and layout ``fmt`` (contiguous where ``fmt`` does not
-    apply to ``t``'s number of dimensions)."""
-    if fmt is torch.channels_last and t.dim() != 4 or fmt is torch.channels_last_3d and t.dim() != 5:
-        fmt = torch.contiguous_format
-    return torch.empty_like(t, dtype=dtype, memory_format=fmt)

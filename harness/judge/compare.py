@@ -56,7 +56,8 @@ from typing import Optional
 
 import torch
 
-from harness.catalog.case import DTYPES, MEMORY_FORMATS, Case
+from harness.catalog.case import Case
+from harness.catalog.data import DTYPES, MEMORY_FORMATS
 from harness.judge.elementwise import compare_tensor
 from harness.judge.metric import Metric
 from harness.judge.metric_key import step_key, sum_key

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.catalog.case import DTYPES, Case
+from harness.catalog.case import Case
+from harness.catalog.data import DTYPES
 from harness.judge.compare import UNIT_ROUNDOFF, K, gamma
 
 

@@ -47,6 +47,7 @@ PARTS = (
     ("harness.results.records", ("RankStatus",)),
     ("harness.slices", None),
     ("harness.catalog.case", None),
+    ("harness.catalog.data", None),
     ("harness.judge.oracle", None),
     ("harness.judge.elementwise", None),
     ("harness.judge.compare", None),

@@ -32,7 +32,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from harness.catalog.case import CHECKPOINT_MODES, DTYPES, Case, materialize
+from harness.catalog.case import CHECKPOINT_MODES, Case
+from harness.catalog.data import DTYPES, materialize
 from harness.judge.compare import compare_tensor
 from harness.judge.metric import Metric
 from harness.judge.network_budget import network_tolerance

@@ -33,7 +33,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from harness.catalog.case import DTYPES, STEP_KINDS, Case, materialize
+from harness.catalog.case import STEP_KINDS, Case
+from harness.catalog.data import DTYPES, materialize
 from harness.judge.compare import compare_tensor
 from harness.judge.metric import Metric
 from harness.judge.metric_key import step_key

@@ -43,7 +43,8 @@ from typing import Optional
 
 import torch
 
-from harness.catalog.case import DTYPES, Case
+from harness.catalog.case import Case
+from harness.catalog.data import DTYPES
 from harness.judge.compare import judge_rank, judge_sums, sum_tolerance
 from harness.scenarios import prepared
 

@@ -32,7 +32,8 @@ from typing import Optional
 
 import torch
 
-from harness.catalog.case import DTYPES, STEP_KINDS, Case, evaluates
+from harness.catalog.case import STEP_KINDS, Case, evaluates
+from harness.catalog.data import DTYPES
 from harness.judge.compare import judge_rank, judge_sums, sum_tolerance_of
 from harness.judge.invariants import bits, compare_across
 from harness.judge.metric import Metric

@@ -39,7 +39,8 @@ from typing import Optional
 
 import torch
 
-from harness.catalog.case import DTYPES, STEP_KINDS, Case, evaluates, materialize
+from harness.catalog.case import STEP_KINDS, Case, evaluates
+from harness.catalog.data import DTYPES, materialize
 from harness.judge.compare import compare_tensor
 from harness.judge.invariants import bits, compare_across
 from harness.judge.metric import Metric

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from harness.catalog.case import DTYPES, Case, CaseData, materialize
+from harness.catalog.case import Case
+from harness.catalog.data import DTYPES, CaseData, materialize
 from harness.judge.oracle import StepTruth, run_oracle
 
 _kept: Optional[tuple[tuple[Case, int], CaseData, list[StepTruth]]] = None

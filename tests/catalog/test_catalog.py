@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from harness import catalog
-from harness.catalog.case import Case, materialize
+from harness.catalog.case import Case
+from harness.catalog.data import materialize
 from harness.catalog.covering import covers_all_pairs, pairwise
 from harness.errors import UsageError
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from harness import catalog
-from harness.catalog.case import DTYPES, materialize
+from harness.catalog.data import DTYPES, materialize
 from harness.judge.compare import K, Budget, compare_tensor, judge_rank, judge_sums, sum_tolerance
 from harness.judge.oracle import run_oracle
 

@@ -35,7 +35,7 @@ def _free_port() -> int:
 
 
 def _oracle(case, data, rank, exchange=None):
-    from harness.catalog.case import DTYPES
+    from harness.catalog.data import DTYPES
     from harness.judge.oracle import run_oracle
 
     return run_oracle(data.inputs, data.grad_outputs, case.steps, num_features=case.channels, eps=case.eps,
@@ -54,7 +54,7 @@ def _same(a, b) -> bool:
 def _rank(rank: int, port: int, errors) -> None:
     import torch.distributed as dist
 
-    from harness.catalog.case import materialize
+    from harness.catalog.data import materialize
     from harness.engine.exchange import Exchange
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)

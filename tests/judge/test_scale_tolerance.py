@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.catalog.case import Case, materialize
+from harness.catalog.case import Case
+from harness.catalog.data import materialize
 from harness.judge.compare import judge_rank
 from harness.judge.oracle import run_oracle
 from harness.slices import CHUNK

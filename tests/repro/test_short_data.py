@@ -1,7 +1,7 @@
 """A short repro's ``data()`` is the case's data: the same draws from the same seed, bit for bit.
 
 The file redraws the case's tensors with plain torch calls; the harness judged the implementation on
-:func:`~harness.catalog.case.materialize`'s. Both must agree for the catalog's cases (standard normals drawn
+:func:`~harness.catalog.data.materialize`'s. Both must agree for the catalog's cases (standard normals drawn
 in float64, in sequence) and for search's (drawn in float32, each rank's by a generator of its own, or in
 sequence), with hostile inputs (an offset, a scale, a constant
 channel) and batch sizes that change between steps.
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from harness import catalog
-from harness.catalog.case import materialize
+from harness.catalog.data import materialize
 from harness.repro.short import Target, source
 from harness.repro.symptom import Symptom
 from harness.search import space
