@@ -1,7 +1,8 @@
 """Real rank processes that issue the collectives SyncBN and DDP use, and save what each received.
 
-:func:`run` starts ``world_size`` spawned processes over one backend (a
-``TCPStore`` on a port the OS picks), each of which calls :func:`exercise` and
+:func:`run` starts ``world_size`` processes over one backend (a ``TCPStore``
+on a port the OS picks), forked from the harness's forkserver as its ranks are
+(fresh processes that inherit only its imports; spawned where it has none), each of which calls :func:`exercise` and
 saves its results (a dict of tensors) with ``torch.save``; it returns them per
 rank. Every wait is bounded and every process is reaped.
 """
@@ -9,7 +10,6 @@ rank. Every wait is bounded and every process is reaped.
 from __future__ import annotations
 
 import datetime
-import multiprocessing as mp
 import os
 import shutil
 import tempfile
@@ -83,7 +83,9 @@ def run(world_size: int, backend: str, timeout: float = 120.0) -> list[dict]:
     """Each rank's results of :func:`exercise` over ``backend``."""
     import torch.distributed as dist
 
-    ctx = mp.get_context("spawn")
+    from harness.engine import forkserver
+
+    ctx = forkserver.start_context()
     outdir = tempfile.mkdtemp(prefix="collective-ranks-")
     store = dist.TCPStore("127.0.0.1", 0, world_size + 1, True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout))
