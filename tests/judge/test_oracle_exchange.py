@@ -12,8 +12,8 @@ from __future__ import annotations
 import socket
 
 import torch
-import torch.multiprocessing as mp
 
+from harness.engine import forkserver
 from harness.search import space
 
 WORLD = 3
@@ -84,7 +84,7 @@ def _rank(rank: int, port: int, errors) -> None:
 
 
 def test_the_exchanged_oracle_is_the_whole_oracle_bit_for_bit():
-    ctx = mp.get_context("spawn")
+    ctx = forkserver.start_context()  # fresh processes with torch already imported
     errors = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, errors)) for r in range(WORLD)]
