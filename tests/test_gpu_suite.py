@@ -56,17 +56,17 @@ def test_a_report_of_records_that_compared_nothing_has_numeric_metrics():
 def test_the_cuda_tests_are_collected_and_skipped_with_the_reason():
     target = str(ROOT / "tests" / "kernels" / "test_cuda_kernels.py")
     base = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", target]
-    collected = subprocess.run(base + ["-m", "cuda", "--collect-only"], cwd=ROOT, capture_output=True, text=True,
-                               timeout=300)
-    assert collected.returncode == 0, collected.stdout + collected.stderr
-    n = sum(1 for line in collected.stdout.splitlines() if "::" in line)
-    assert n >= 40, collected.stdout
+    # One verbose run lists every collected cuda test with its outcome, and the skip reasons.
+    ran = subprocess.run(base + ["-m", "cuda", "-vv", "-rs"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    tests = [line for line in ran.stdout.splitlines() if "::" in line and not line.startswith("SKIPPED")]
+    n = len(tests)
+    assert n >= 40, ran.stdout
+    assert all(line.split()[1] == "SKIPPED" for line in tests), ran.stdout
+    assert f"{n} skipped" in ran.stdout and "passed" not in ran.stdout and "failed" not in ran.stdout, ran.stdout
     unmarked = subprocess.run(base + ["-m", "not cuda", "--collect-only"], cwd=ROOT, capture_output=True, text=True,
                               timeout=300)
     assert unmarked.returncode == 5, unmarked.stdout  # no test there runs without the cuda marker
-    ran = subprocess.run(base + ["-m", "cuda", "-rs"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert ran.returncode == 0, ran.stdout + ran.stderr
-    assert f"{n} skipped" in ran.stdout and "passed" not in ran.stdout and "failed" not in ran.stdout, ran.stdout
     assert "needs a CUDA device" in ran.stdout and "`syncbn-harness gpu-suite` runs these" in ran.stdout
 
 
