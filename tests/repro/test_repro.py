@@ -133,15 +133,13 @@ def test_repro_refuses_an_ambiguous_case(tmp_path):
 @pytest.mark.parametrize("case", ["ddp/cnn-sgd/broadcast-buffers-True-default-plain/float32/ws2",
                                   "conversion/config/float32/uneven-3-5/ws2",
                                   "conversion/checkpoint-revert/config/float32/ws2"])
-def test_repro_of_a_network_case_is_standalone_too(plugins, tmp_path, case):
+def test_repro_of_a_network_case_is_standalone_too(plugins, tmp_path, case, write_here):
     """Scenarios that use other scenario modules (the networks, the user models, the converter checks) are
     written into the file with them: it still imports no harness, and judges as the harness does."""
     for plugin, code, word in (("good_bn", 0, "PASS"), ("biased_bn", 1, "FAIL")):
         out = tmp_path / f"repro_{plugin}.py"
-        env = {**os.environ, "PYTHONPATH": str(plugins)}
-        proc = subprocess.run([sys.executable, "-m", "harness", "repro", case, "--impl", f"{plugin}:SyncBatchNorm",
-                               "-o", str(out), "--long"], capture_output=True, text=True, timeout=300, env=env)
-        assert proc.returncode == 0, proc.stderr
+        written = write_here(case, f"{plugin}:SyncBatchNorm", out, str(plugins), long=True)
+        assert written.form == "long" and written.record is not None
         assert not re.search(r"^\s*(import|from)\s+harness\b", out.read_text(), re.M)
         ran = run_standalone(out, plugins, launcher=(sys.executable,))
         assert ran.returncode == code, ran.stdout + ran.stderr

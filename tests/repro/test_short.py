@@ -2,9 +2,8 @@
 
 Each file is written by ``syncbn-harness repro`` (which runs the case with the
 harness first, to learn the symptom), or, for the planted defects, by the
-function that command calls (:func:`harness.repro.write_repro`) in the test's
-own process, whose forkserver already has torch (a CLI subprocess would import
-it twice more); then it is run with ``python FILE`` in a
+function that command calls, in the test's own process (``write_here`` in
+conftest.py); then it is run with ``python FILE`` in a
 virtual environment that has torch and nothing else (its site-packages reach
 torch's folder as a plain path, so no other install of that folder is
 activated: ``import harness`` fails there, which the fixture checks). A file
@@ -89,18 +88,6 @@ def write(case: str, impl: str, out: Path, pythonpath: str, *extra: str) -> subp
                            *(extra or ("--no-verify",))], capture_output=True, text=True, timeout=600, env=env)
 
 
-def write_here(case: str, impl: str, out: Path, pythonpath: str, monkeypatch) -> str:
-    """What ``write`` does, in this process: the short file of ``case`` for ``impl`` (not run once); its form."""
-    from harness.repro import write_repro
-
-    monkeypatch.setenv("PYTHONPATH", pythonpath)  # the ranks' sys.path, as the CLI's would have it
-    for folder in reversed(pythonpath.split(os.pathsep)):
-        monkeypatch.syspath_prepend(folder)
-    written = write_repro(case, impl, output=str(out), command=f"syncbn-harness repro {case} --impl {impl}",
-                          verify=False)
-    return written.form
-
-
 def run_bare(python: str, path: Path, pythonpath: str = "") -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     if pythonpath:
@@ -118,9 +105,9 @@ def assert_short_and_standalone(text: str) -> None:
 @pytest.mark.slow(22)
 @pytest.mark.parametrize("impl, case, shows", PLANTED, ids=[p[0].split(":")[-1] for p in PLANTED])
 def test_short_repro_shows_the_defect_and_passes_once_fixed(impl, case, shows, plugins, bare_python, tmp_path,
-                                                            monkeypatch):
+                                                            write_here):
     path = tmp_path / "repro.py"
-    assert write_here(case, impl, path, plugins, monkeypatch) == "short"
+    assert write_here(case, impl, path, plugins).form == "short"
     text = path.read_text()
     assert_short_and_standalone(text)
 
