@@ -30,7 +30,6 @@ import zlib
 from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
-
 # Step kind -> what the normalization does in it: "train" (batch statistics, synchronized) or "eval".
 STEP_KINDS = {"train": "train", "fwd": "train", "nograd": "train", "eval": "eval", "eval-rank0": "eval",
               "eval-subset": "eval"}

@@ -5,8 +5,8 @@ parameters on CPU, identically in every process (the oracle's and every rank's),
 case's dtypes and layouts; nothing is sent between processes. The tables map a case's names (dtype, memory
 format, the dtype its normals are drawn in) to torch's objects.
 
-This is the catalog's only module that imports torch: selecting cases (``catalog.select``, ``list cases``)
-costs no torch import, 3 CPU-seconds on a small machine.
+This is the catalog's only module that imports torch, so selecting cases (``catalog.select``, ``list cases``)
+imports none (about 3 CPU-seconds on a small machine).
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ class CaseData:
     running_mean: torch.Tensor
     running_var: torch.Tensor
     extra: dict = field(default_factory=dict)
-
 
 
 def materialize(case: Case, ranks: Optional[Sequence[int]] = None) -> CaseData:

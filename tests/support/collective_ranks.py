@@ -2,9 +2,9 @@
 
 :func:`run` starts ``world_size`` processes over one backend (a ``TCPStore``
 on a port the OS picks), forked from the harness's forkserver as its ranks are
-(fresh processes that inherit only its imports; spawned where it has none), each of which calls :func:`exercise` and
-saves its results (a dict of tensors) with ``torch.save``; it returns them per
-rank. Every wait is bounded and every process is reaped.
+(fresh processes that inherit only its imports; spawned where it has none),
+each of which calls :func:`exercise` and saves its results (a dict of
+tensors) with ``torch.save``; it returns them per rank. Every wait is bounded and every process is reaped.
 """
 
 from __future__ import annotations
