@@ -42,6 +42,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
@@ -143,7 +144,12 @@ def source(case: Case, target: Target, symptom: Symptom, *, seen: str, title: st
 
 
 def verify(path: Path, *, timeout: float = 600.0, env: Optional[dict] = None) -> subprocess.CompletedProcess:
-    """Run the written file with this Python, as a maintainer would (``python FILE``), bounded by ``timeout``."""
+    """Run the written file with this Python, as a maintainer would (``python FILE``), bounded by ``timeout``.
+
+    Its temporary files go to a folder removed afterwards: torch's ``start_processes`` leaves an error file
+    (``pytorch-errorfile-*.pickle``) in the temporary folder for every rank that raised, which is the symptom
+    of many findings."""
     path = Path(path).resolve()  # run from its own folder: a relative path would name it twice
-    return subprocess.run([sys.executable, path.name], capture_output=True, text=True, timeout=timeout,
-                          cwd=path.parent, env={**os.environ, **(env or {})})
+    with tempfile.TemporaryDirectory(prefix="syncbn-verify-") as tmp:
+        return subprocess.run([sys.executable, path.name], capture_output=True, text=True, timeout=timeout,
+                              cwd=path.parent, env={**os.environ, "TMPDIR": tmp, **(env or {})})

@@ -92,6 +92,10 @@ def run_bare(python: str, path: Path, pythonpath: str = "") -> subprocess.Comple
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     if pythonpath:
         env["PYTHONPATH"] = pythonpath
+    # torch's start_processes leaves an error file in the temporary folder for each rank that raised: the test's.
+    tmp = path.parent / "tmp"
+    tmp.mkdir(exist_ok=True)
+    env["TMPDIR"] = str(tmp)
     return subprocess.run([python, str(path)], capture_output=True, text=True, timeout=600, env=env,
                           cwd=path.parent)
 
@@ -183,6 +187,23 @@ def test_a_file_written_to_a_relative_path_is_run_once_from_its_folder(plugins, 
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "sub" / "repro.py").exists()
     assert "shows the symptom" in proc.stdout and "No such file" not in proc.stdout, proc.stdout
+
+
+def test_running_a_file_to_check_it_leaves_nothing_in_the_temporary_folder(tmp_path, monkeypatch):
+    """torch's start_processes leaves an error file in the temporary folder for each rank that raised (the
+    symptom of many findings); the check run of a written file keeps its temporary files to itself."""
+    from harness.repro.short import verify
+
+    outer = tmp_path / "tmp"
+    outer.mkdir()
+    monkeypatch.setenv("TMPDIR", str(outer))
+    path = tmp_path / "raises.py"
+    path.write_text("import torch.multiprocessing as mp\n\n\ndef rank_main(rank):\n"
+                    "    raise RuntimeError('rank raised')\n\n\n"
+                    "if __name__ == '__main__':\n    mp.start_processes(rank_main, nprocs=1, start_method='fork')\n")
+    proc = verify(path, timeout=120)
+    assert proc.returncode == 1 and "rank raised" in proc.stderr, proc.stdout + proc.stderr
+    assert not list(outer.iterdir())
 
 
 def test_spatial_sizes_that_differ_between_ranks_need_the_long_form():
