@@ -70,6 +70,13 @@ def main(argv: Optional[list] = None) -> None:
     _terminate_on_sigterm()
     _interrupt_on_sigint()
     _stacks_on_sigusr1()
+    dispatch(argv)
+
+
+def dispatch(argv: Optional[list] = None) -> None:
+    """Run one command line: return on success, raise ``SystemExit`` with any other exit code. This is
+    :func:`main` without the process's signal handlers, so that a host process (a test) can run a command in
+    itself and keep its own handlers."""
     load_commands()
     try:
         cli.main(args=argv, prog_name="syncbn-harness", standalone_mode=False)

@@ -16,6 +16,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from cli_here import run_here
 from click.testing import CliRunner
 
 from harness import catalog
@@ -43,10 +44,18 @@ def _main(args, capsys):
 
 
 def harness(*args, env=None, timeout=600, **kw):
+    """``python -m harness ARGS`` in a subprocess: for what the process does (its exit path, its temporary
+    folder, what it leaks, check's exit codes)."""
     env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [SUPPORT, env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=timeout,
                           env=env, **kw)
+
+
+def here(*args, cwd=None):
+    """The command in this process (tests/support/cli_here.py): for what the command says and writes."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [SUPPORT, os.environ.get("PYTHONPATH")])))
+    return run_here(args, env=env, cwd=cwd)
 
 
 # --- usage errors -----------------------------------------------------------------------------------------------
@@ -188,6 +197,25 @@ def test_the_summary_fits_100_columns_with_ten_implementations():
     assert "3P 3M 2E 2C 2U" in next(ln for ln in lines if ln.startswith("mixed-precision "))
 
 
+def test_a_command_run_here_leaves_the_test_process_as_it_was(tmp_path):
+    """run_here (tests/support/cli_here.py) gives a command its environment, PYTHONPATH and folder for the call
+    only: the ranks see the call's environment, the plugin module is forgotten, the rest is restored."""
+    (tmp_path / "hereplug.py").write_text(
+        "import os\n\nfrom harness.impls.reference import SyncBatchNorm as _Ref\n\n\n"
+        "class SyncBN(_Ref):\n    def forward(self, input):\n"
+        "        assert os.environ['SYNCBN_TEST_HERE'] == 'seen', 'the rank has another environment'\n"
+        "        return super().forward(input)\n")
+    env, path, cwd = dict(os.environ), list(sys.path), os.getcwd()
+    proc = run_here(["run", "--impl", "hereplug:SyncBN", "--case", "numerics/offset-1e3/ws2", "--device", "cpu",
+                     "--store", "s", "--format", "json"],
+                    env=dict(os.environ, SYNCBN_TEST_HERE="seen", PYTHONPATH=str(tmp_path)), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert [r["status"] for r in json.loads(proc.stdout)] == ["pass"]
+    assert (tmp_path / "s").is_dir()  # the relative store, in the call's folder
+    assert dict(os.environ) == env and sys.path == path and os.getcwd() == cwd
+    assert "hereplug" not in sys.modules
+
+
 @pytest.mark.sweep(60)
 @pytest.mark.slow
 def test_run_reference_json_all_pass(tmp_path):
@@ -217,9 +245,9 @@ def test_run_reference_json_all_pass(tmp_path):
 def test_run_flags_world_size_exhaustive_backend_and_junit(tmp_path):
     extra = next(c for c in catalog.all_cases() if not c.default and c.world_size == 3)
     pattern = extra.id.rsplit("/", 2)[0] + "/*"
-    proc = harness("run", "--impl", "reference", "--case", pattern, "--exhaustive", "--world-size", "3",
-                   "--backend", "gloo", "--device", "cpu", "--junit", str(tmp_path / "run.xml"), "--format", "json",
-                   "--store", str(tmp_path / "s"))
+    proc = here("run", "--impl", "reference", "--case", pattern, "--exhaustive", "--world-size", "3",
+                "--backend", "gloo", "--device", "cpu", "--junit", str(tmp_path / "run.xml"), "--format", "json",
+                "--store", str(tmp_path / "s"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = json.loads(proc.stdout)
     expected = catalog.select([pattern], exhaustive=True, world_sizes=[3])
@@ -234,8 +262,8 @@ def test_run_flags_world_size_exhaustive_backend_and_junit(tmp_path):
 
 @pytest.mark.slow
 def test_run_compare_reports_the_differences_on_the_same_inputs(tmp_path):
-    proc = harness("run", "--impl", "torch", "--case", "numerics/offset-1e3/ws2", "--compare", "torch,reference",
-                   "--device", "cpu", "--format", "json", "--store", str(tmp_path / "s"))
+    proc = here("run", "--impl", "torch", "--case", "numerics/offset-1e3/ws2", "--compare", "torch,reference",
+                "--device", "cpu", "--format", "json", "--store", str(tmp_path / "s"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     records = {r["impl"]: r for r in json.loads(proc.stdout)}
     assert set(records) == {"torch", "reference"}  # --compare runs B too
@@ -249,8 +277,8 @@ def test_run_compare_reports_the_differences_on_the_same_inputs(tmp_path):
 @pytest.mark.slow
 def test_a_failing_run_says_how_to_write_a_repro(tmp_path):
     case = "allgather-shape/uneven-2-6/float32-float32/channels_last/ws2"
-    proc = harness("run", "--impl", "defects:EqualWeightMerge", "--case", case, "--device", "cpu",
-                   "--store", str(tmp_path / "s"))
+    proc = here("run", "--impl", "defects:EqualWeightMerge", "--case", case, "--device", "cpu",
+                "--store", str(tmp_path / "s"))
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert (f"to reproduce the first failure as a short standalone file:\n  syncbn-harness repro {case} "
             "--impl defects:EqualWeightMerge --device cpu -o repro.py") in proc.stdout
@@ -313,7 +341,7 @@ def test_a_run_log_names_an_implementation_that_cannot_run_once(tmp_path):
 
     if probe().kind in ("fallback", "optimized"):
         pytest.skip("apex is installed here: its records run instead of being skipped")
-    proc = harness("run", "--impl", "apex", "--case", "numerics/*", "--device", "cpu", "--store", str(tmp_path / "s"))
+    proc = here("run", "--impl", "apex", "--case", "numerics/*", "--device", "cpu", "--store", str(tmp_path / "s"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     n = len(catalog.select(["numerics/*"]))
     assert proc.stderr.count("apex not installed") == 1, proc.stderr
@@ -338,7 +366,7 @@ def test_a_run_prints_within_100_columns_and_leaks_no_semaphore(tmp_path):
 @pytest.mark.parametrize("command", [["report", "--out", "out"], ["diff", "a", "b"]])
 def test_an_empty_store_is_a_usage_error_everywhere(tmp_path, command):
     (tmp_path / "empty").mkdir()
-    proc = harness(*command, "--store", str(tmp_path / "empty"), timeout=120, cwd=tmp_path)
+    proc = here(*command, "--store", str(tmp_path / "empty"), cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "holds no" in proc.stderr and "syncbn-harness run --store" in proc.stderr
 
