@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_here import run_here
 
 from harness import catalog
 
@@ -148,8 +149,7 @@ def test_compare_runs_under_torchrun_as_in_the_local_pool(tmp_path):
     assert torch_rec["compare"]["with"] == "reference"
     assert torch_rec["compare"]["max_abs_diff"], torch_rec["compare"]
     assert records["reference"]["compare"] is None  # only A is compared
-    local = subprocess.run([sys.executable, "-m", "harness", *args[:-2], "--store", str(tmp_path / "local"),
-                            "--format", "json"], capture_output=True, text=True, timeout=600)
+    local = run_here([*args[:-2], "--store", str(tmp_path / "local"), "--format", "json"])  # the local pool, here
     assert local.returncode == 0, local.stderr[-4000:]
     [local_torch] = [r for r in json.loads(local.stdout) if r["impl"] == "torch"]
     assert set(local_torch["compare"]["max_abs_diff"]) == set(torch_rec["compare"]["max_abs_diff"])

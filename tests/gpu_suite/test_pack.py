@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import tarfile
+
+from cli_here import run_here
 
 from harness.gpu_suite.pack import FILES, clear, pack
 from harness.gpu_suite.runner import run_steps
@@ -23,9 +23,8 @@ NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 def test_a_failed_and_a_stopped_step_still_leave_every_file(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     work.mkdir()
-    proc = subprocess.run([sys.executable, "-m", "harness", "run", "--device", "cpu", "--impl", "reference",
-                           "--case", "numerics/offset-1e3/ws2", "--store", str(work / "results")],
-                          capture_output=True, text=True, timeout=300)
+    proc = run_here(["run", "--device", "cpu", "--impl", "reference", "--case", "numerics/offset-1e3/ws2",
+                     "--store", str(work / "results")])  # a real record to count (tests/support/cli_here.py)
     assert proc.returncode == 0, proc.stderr[-2000:]
     steps = [Step("ok", ("sh", "-c", "echo '[]' "), "ok.txt", 10, stdout="bench.json"),
              Step("bad", ("sh", "-c", "echo broken; exit 4"), "bad.txt", 10),

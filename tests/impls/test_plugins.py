@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_here import run_here
 
 from harness import catalog
 from harness.engine.session import RunOptions, resolve_impls, run_selection
@@ -41,11 +42,11 @@ def test_import_failure_names_the_module_and_the_exception(tmp_path, monkeypatch
 @pytest.mark.slow
 def test_cli_exit_codes_for_a_plugin_that_does_not_import(tmp_path):
     (tmp_path / "brokenplug.py").write_text("import not_a_real_dependency\n")
-    base = [sys.executable, "-m", "harness"]
     sel = ["--impl", "brokenplug:SyncBN", "--case", "numerics/offset-1e3/ws2"]
-    run = subprocess.run(base + ["run"] + sel, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    run = run_here(["run"] + sel, env=_env(tmp_path))  # the command's code; check's mapping is its process's
     assert run.returncode == 2 and "ModuleNotFoundError" in run.stderr and "brokenplug" in run.stderr
-    check = subprocess.run(base + ["check"] + sel, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
+    check = subprocess.run([sys.executable, "-m", "harness", "check"] + sel, env=_env(tmp_path), capture_output=True,
+                           text=True, timeout=300)
     assert check.returncode == 125, check.stderr
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from cli_here import run_here
 
 from harness.results.compaction import STEPS, compact, stats
 from harness.results.records import Record, Status
@@ -95,16 +96,13 @@ def test_newer_records_refuse_compaction_and_nothing_changes(tmp_path):
 
 def test_the_commands_print_and_refuse_a_missing_store(tmp_path):
     make_store(tmp_path / "store")
-    run = [sys.executable, "-m", "harness", "store"]
-    out = subprocess.run([*run, "stats", "--store", str(tmp_path / "store")], capture_output=True, text=True,
-                         timeout=120)
+    # In this process (tests/support/cli_here.py): what the commands print and refuse.
+    out = run_here(["store", "stats", "--store", str(tmp_path / "store")])
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[1].split()[:5] == [KEY, "13", "4", "9", "1"]
     assert "1 builds, 13 records (9 superseded)" in out.stdout
-    out = subprocess.run([*run, "compact", "--store", str(tmp_path / "store")], capture_output=True, text=True,
-                         timeout=120)
+    out = run_here(["store", "compact", "--store", str(tmp_path / "store")])
     assert out.returncode == 0 and out.stdout.startswith(f"{KEY}: 13 -> 4 records, "), out.stderr
-    out = subprocess.run([*run, "stats", "--store", str(tmp_path / "nosuch")], capture_output=True, text=True,
-                         timeout=120)
+    out = run_here(["store", "stats", "--store", str(tmp_path / "nosuch")])
     assert out.returncode == 2 and "does not exist" in out.stderr
     shutil.rmtree(tmp_path / "store")

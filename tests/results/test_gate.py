@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from cli_here import run_here
 
 from harness.buildinfo import build_info
 from harness.judge.metric import Metric
@@ -52,12 +51,13 @@ def small_selection(n: int) -> list[str]:
     return ids[:n]
 
 
-def harness(args, tmp_path: Path, worse: str = "0", timeout=600):
+def harness(args, tmp_path: Path, worse: str = "0"):
+    """The command run in this process (its property is its exit code, output and files; tests/support/cli_here.py):
+    the plugin's ranks see ``SYNCBN_TEST_WORSE`` through the environment the pool hands them."""
     (tmp_path / "tgplug.py").write_text(PLUGIN)
     env = dict(os.environ, SYNCBN_TEST_WORSE=worse,
                PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", "harness", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=tmp_path)
+    return run_here(args, env=env, cwd=tmp_path)
 
 
 @pytest.fixture(scope="module")
@@ -142,10 +142,10 @@ def test_gate_refuses_a_baseline_with_nothing_in_common(tmp_path):
     mine = make("numerics/a/ws2", Status.PASS)
     mine.torch_version, mine.torch_git_version = info.torch_version, info.torch_git_version
     store.append(mine)
-    proc = harness(["gate", "--baseline", "base.json", "--store", "s"], tmp_path, timeout=120)
+    proc = harness(["gate", "--baseline", "base.json", "--store", "s"], tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "share no (case, impl)" in proc.stderr and "someone-else" in proc.stderr
-    missing = harness(["gate", "--baseline", "nope.json", "--store", "s"], tmp_path, timeout=120)
+    missing = harness(["gate", "--baseline", "nope.json", "--store", "s"], tmp_path)
     assert missing.returncode == 2 and "nope.json" in missing.stderr
 
 
@@ -216,7 +216,7 @@ def test_gate_of_a_partial_store_fails_on_the_cli_unless_allowed(baseline):
 
 def test_a_garbage_baseline_says_what_it_is_not(tmp_path):
     (tmp_path / "log.txt").write_text("Traceback (most recent call last):\n  boom\n")
-    proc = harness(["gate", "--baseline", "log.txt", "--store", "s"], tmp_path, timeout=120)
+    proc = harness(["gate", "--baseline", "log.txt", "--store", "s"], tmp_path)
     assert proc.returncode == 2, proc.stderr
     assert "is not a run's JSON output" in proc.stderr and "dropping" not in proc.stderr
 

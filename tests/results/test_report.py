@@ -20,6 +20,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from cli_here import run_here
 
 from harness.results.progress import Progress, format_counts, format_line, wanted
 from harness.results.records import WORST_FIRST, Record, Status
@@ -61,9 +62,10 @@ def harness_env(tmp: Path, **extra) -> dict:
     return env
 
 
-def run(args, env, **kw):
-    return subprocess.run([sys.executable, "-m", "harness", *args], env=env, capture_output=True, text=True,
-                          timeout=600, **kw)
+def run(args, env, cwd=None):
+    """The command run in this process (tests/support/cli_here.py): the fixtures' property is the records and
+    the report, not the process; the terminal test below runs its own."""
+    return run_here(args, env=env, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

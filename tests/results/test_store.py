@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_here import run_here
 from proctools import wait_until
 
 from harness import SCHEMA_VERSION, __version__
@@ -77,9 +78,9 @@ def harness_env(tmp_path: Path, **extra) -> dict:
     return env
 
 
-def run_cmd(args, env, timeout=600):
-    return subprocess.run([sys.executable, "-m", "harness", *args], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+def run_cmd(args, env):
+    """The command run in this process (tests/support/cli_here.py); the tests of killing a run start their own."""
+    return run_here(args, env=env)
 
 
 # --- the file format --------------------------------------------------------------------------------------------
@@ -351,7 +352,7 @@ def test_run_refuses_a_store_file_of_a_newer_schema_and_leaves_it_untouched(tmp_
     path.write_text(content)
     for extra in ([], ["--resume"]):
         proc = run_cmd(["run", "--impl", "reference", "--case", small_selection(1)[0], "--store", str(store),
-                        *extra], dict(os.environ), timeout=120)
+                        *extra], dict(os.environ))
         assert proc.returncode == 3, proc.stderr[-2000:]
         assert "upgrade syncbn-harness to 0.9.0" in proc.stderr and str(path) in proc.stderr
         assert path.read_text() == content

@@ -12,11 +12,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cli_here import run_here
 
 from harness import catalog
 from harness.engine.session import RunOptions, Session, resolve_impls, run_selection
@@ -87,12 +87,11 @@ def test_correct_implementations_raise_no_finding_over_training_systems():
 
 @pytest.mark.slow(20)
 def test_cli_search_draws_the_named_systems(tmp_path):
-    cmd = [sys.executable, "-m", "harness", "search", "--impl", "reference", "--device", "cpu", "--scenario", "ddp",
-           "--scenario", "validation", "--max-cases", "6", "--store", str(tmp_path / "s"), "--out",
-           str(tmp_path / "out")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    # In this process (tests/support/cli_here.py): the property is what the command draws and says.
+    cmd = ["search", "--impl", "reference", "--device", "cpu", "--scenario", "ddp", "--scenario", "validation",
+           "--max-cases", "6", "--store", str(tmp_path / "s"), "--out", str(tmp_path / "out")]
+    proc = run_here(cmd)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "6 cases explored" in proc.stdout
-    bad = subprocess.run(cmd[:8] + ["--scenario", "bogus", "--max-cases", "1"], capture_output=True, text=True,
-                         timeout=120)
+    bad = run_here(cmd[:5] + ["--scenario", "bogus", "--max-cases", "1"])
     assert bad.returncode == 2 and "'bogus'" in bad.stderr and "systems" in bad.stderr
