@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_here import run_here
 
 from harness.judge import oracle
 
@@ -39,10 +40,9 @@ def plugins(tmp_path) -> Path:
 
 
 def write(impl: str, out: Path, *extra: str, pythonpath: str = "") -> subprocess.CompletedProcess:
+    """``repro --long`` run in this process (tests/support/cli_here.py): the property is the file it writes."""
     env = {**os.environ, "PYTHONPATH": pythonpath}
-    return subprocess.run([sys.executable, "-m", "harness", "repro", CASE, "--impl", impl, "-o", str(out), "--long",
-                           *extra],
-                          capture_output=True, text=True, timeout=300, env=env)
+    return run_here(["repro", CASE, "--impl", impl, "-o", str(out), "--long", *extra], env=env)
 
 
 def run_standalone(path: Path, plugin_dir: Path, *, launcher=(), cwd=None) -> subprocess.CompletedProcess:
@@ -123,8 +123,7 @@ def test_repro_of_reference_says_it_is_not_standalone(tmp_path):
 
 
 def test_repro_refuses_an_ambiguous_case(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "harness", "repro", "allgather-shape/*", "--impl", "torch",
-                           "--no-run"], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    proc = run_here(["repro", "allgather-shape/*", "--impl", "torch", "--no-run"], cwd=tmp_path)
     assert proc.returncode == 2 and "give one case ID" in proc.stderr
 
 

@@ -21,6 +21,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from cli_here import run_here
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 
@@ -83,9 +84,9 @@ def plugins(tmp_path) -> str:
 
 
 def write(case: str, impl: str, out: Path, pythonpath: str, *extra: str) -> subprocess.CompletedProcess:
+    """``repro`` run in this process (tests/support/cli_here.py): the property is the file and what it says."""
     env = {**os.environ, "PYTHONPATH": pythonpath}
-    return subprocess.run([sys.executable, "-m", "harness", "repro", case, "--impl", impl, "-o", str(out),
-                           *(extra or ("--no-verify",))], capture_output=True, text=True, timeout=600, env=env)
+    return run_here(["repro", case, "--impl", impl, "-o", str(out), *(extra or ("--no-verify",))], env=env)
 
 
 def run_bare(python: str, path: Path, pythonpath: str = "") -> subprocess.CompletedProcess:
@@ -181,9 +182,8 @@ def test_a_file_written_to_a_relative_path_is_run_once_from_its_folder(plugins, 
     """``-o sub/repro.py`` from another folder: the check run finds the file (it once named the folder twice)."""
     env = {**os.environ, "PYTHONPATH": plugins}
     (tmp_path / "sub").mkdir()
-    proc = subprocess.run([sys.executable, "-m", "harness", "repro", "module-config/momentum-0.5/ws2", "--impl",
-                           "defects:BiasedRunningVar", "-o", "sub/repro.py"], capture_output=True, text=True,
-                          timeout=600, env=env, cwd=tmp_path)
+    proc = run_here(["repro", "module-config/momentum-0.5/ws2", "--impl", "defects:BiasedRunningVar", "-o",
+                     "sub/repro.py"], env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert (tmp_path / "sub" / "repro.py").exists()
     assert "shows the symptom" in proc.stdout and "No such file" not in proc.stdout, proc.stdout
