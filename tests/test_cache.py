@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_here import run_here
 
 from harness.cache import KINDS, entries, parse_age, parse_size, prune
 from harness.errors import UsageError
@@ -53,8 +54,7 @@ def test_list_gives_kinds_sizes_and_last_use(cache):
                                                           "new-kernels")]  # oldest use first
     assert {e.kind for e in listed} == {"kernels", "environments", "overlays", "compile"}
     assert next(e for e in listed if e.path == made["old-env"]).bytes == 8000
-    out = subprocess.run([sys.executable, "-m", "harness", "cache", "list"], capture_output=True, text=True,
-                         timeout=120, env=os.environ)
+    out = run_here(["cache", "list"])  # in this process (tests/support/cli_here.py)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines()[1].split()[:3] == ["kernels", "2", "5.9"]
     assert out.stdout.splitlines()[-1] == f"5 entries, 17.6 KB in {root}"

@@ -12,12 +12,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_here import run_here
 
 from harness.gpu_suite.steps import (DEFAULT_BUDGET_S, KILL_AFTER_S, REPORT_RESERVE_S, Inputs, plan,
                                      step_limit)
 
 ROOT = Path(__file__).resolve().parents[2]
-HARNESS = [sys.executable, "-m", "harness"]
 
 
 def inputs(tmp_path, **kw):
@@ -71,8 +71,7 @@ def test_the_budget_always_leaves_time_for_the_report(tmp_path):
 
 
 def test_plan_prints_the_steps_and_runs_nothing(tmp_path):
-    proc = subprocess.run(HARNESS + ["gpu-suite", "--plan", "--out", str(tmp_path / "out")], capture_output=True,
-                          text=True, timeout=120)
+    proc = run_here(["gpu-suite", "--plan", "--out", str(tmp_path / "out")])  # in this process (cli_here.py)
     assert proc.returncode == 0, proc.stderr
     for name in ("build-kernels", "pytest -m cuda", "bench kernels", "layer cases, gloo", "report"):
         assert any(line.startswith(name + " (") for line in proc.stdout.splitlines()), proc.stdout
