@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_here import run_here
 import torch
 
 from harness import catalog
@@ -34,7 +35,6 @@ from harness.results.records import Status
 from harness.scenarios import unsupported_reason
 
 ROOT = Path(__file__).resolve().parents[1]
-HARNESS = [sys.executable, "-m", "harness"]
 no_gpu_here = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens where torch sees no GPU")
 
 
@@ -187,8 +187,7 @@ def test_the_cuda_bench_code_runs_end_to_end_on_cpu_through_the_emulation():
 
 @no_gpu_here
 def test_bench_kernels_on_cuda_without_a_gpu_names_the_fix():
-    proc = subprocess.run(HARNESS + ["bench", "kernels", "--device", "cuda"], capture_output=True, text=True,
-                          timeout=120)
+    proc = run_here(["bench", "kernels", "--device", "cuda"])  # in this process (tests/support/cli_here.py)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "--device cuda" in proc.stderr and "sees no CUDA device" in proc.stderr
     assert "gpu-suite" in proc.stderr and "use --device cpu" in proc.stderr
