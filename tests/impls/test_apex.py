@@ -16,12 +16,12 @@ import importlib
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from cli_here import run_here
 import torch
 
 from harness.buildinfo import apex_state
@@ -167,8 +167,7 @@ def _run_cli(*args: str, pythonpath: Path | None = None) -> tuple[int, list[dict
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
-    proc = subprocess.run([sys.executable, "-m", "harness", "run", *args, "--format", "json"], env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = run_here(["run", *args, "--format", "json"], env=env)  # in this process (tests/support/cli_here.py)
     records = json.loads(proc.stdout) if proc.stdout.strip() else []
     return proc.returncode, records, proc.stderr
 
