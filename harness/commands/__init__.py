@@ -4,13 +4,15 @@ Each module here adds one command to :data:`cli`; flags are parsed there (the
 shared ones in :mod:`harness.commands._options`) and the work is done by
 plain functions elsewhere in the package, which return data.
 
-:func:`main` catches :class:`~harness.errors.HarnessError` once and turns it
-into a message on stderr and the error's exit code; anything else is a bug
-and keeps its traceback. Exit codes, for every command: 0 success, 1 a
-finding (``run``: an unexpected failure; ``gate``: a regression or a missing
-result; ``diff --fail-on-regression``: a regression), 2 a usage error (the
-message lists the valid choices), 3 the harness could not work (no rank
-could start, store not writable, kernels do not build), 130 interrupted.
+:func:`dispatch` catches :class:`~harness.errors.HarnessError` once and
+turns it into a message on stderr and the error's exit code; anything else is
+a bug and keeps its traceback. :func:`main` installs the process's signal
+handlers (SIGTERM unwinds like Ctrl-C, SIGUSR1 dumps stacks), then calls it.
+Exit codes, for every command: 0 success, 1 a finding (``run``: an
+unexpected failure; ``gate``: a regression or a missing result; ``diff
+--fail-on-regression``: a regression), 2 a usage error (the message lists the
+valid choices), 3 the harness could not work (no rank could start, store not
+writable, kernels do not build), 130 interrupted.
 ``check`` maps all of these to ``git bisect run``'s 0, 1 and 125.
 """
 
