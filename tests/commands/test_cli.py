@@ -43,19 +43,23 @@ def _main(args, capsys):
     return info.value.code, out.out, out.err
 
 
+def _env(**extra) -> dict:
+    """This environment with ``extra``, the support modules (probes, defects) first on ``PYTHONPATH``."""
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [SUPPORT, env.get("PYTHONPATH")]))
+    return env
+
+
 def harness(*args, env=None, timeout=600, **kw):
     """``python -m harness ARGS`` in a subprocess: for what the process does (its exit path, its temporary
     folder, what it leaks, check's exit codes)."""
-    env = dict(os.environ, **(env or {}))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [SUPPORT, env.get("PYTHONPATH")]))
     return subprocess.run([sys.executable, "-m", "harness", *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, **kw)
+                          env=_env(**(env or {})), **kw)
 
 
 def here(*args, cwd=None):
     """The command in this process (tests/support/cli_here.py): for what the command says and writes."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [SUPPORT, os.environ.get("PYTHONPATH")])))
-    return run_here(args, env=env, cwd=cwd)
+    return run_here(args, env=_env(), cwd=cwd)
 
 
 # --- usage errors -----------------------------------------------------------------------------------------------
