@@ -375,15 +375,11 @@ def test_an_empty_store_is_a_usage_error_everywhere(tmp_path, command):
     assert "holds no" in proc.stderr and "syncbn-harness run --store" in proc.stderr
 
 
-def test_a_run_leaves_nothing_in_the_temporary_directory(tmp_path):
+def test_a_run_leaves_nothing_in_the_temporary_directory(tmp_path, own_cache):
     """A run with a pass and a crash: the temporary directory is left as it was found, the crash's rank logs are
     kept in the cache and named by its record."""
-    from harness.paths import cache_folder
-
-    tmp, cache = tmp_path / "tmp", tmp_path / "cache"
+    tmp, cache = tmp_path / "tmp", own_cache
     tmp.mkdir()
-    cache.mkdir()
-    (cache / "kernels").symlink_to(cache_folder("kernels"), target_is_directory=True)  # no rebuild
     case = "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2"
     proc = harness("run", "--impl", "reference", "--impl", "probes:SegfaultOnRank1", "--case", case,
                    "--device", "cpu", "--no-diagnose", "--format", "json", "--store", str(tmp_path / "store"),

@@ -184,8 +184,8 @@ def finish(job: subprocess.Popen) -> list[dict]:
 
 
 @pytest.mark.slow(30)
-def test_jobs_sharing_a_rendezvous_id_keep_their_own_crash_reports(tmp_path):
-    cache = tmp_path / "cache"
+def test_jobs_sharing_a_rendezvous_id_keep_their_own_crash_reports(tmp_path, own_cache):
+    cache = own_cache  # its torchrun folder is the test's alone; the probes' reference kernels are not rebuilt
     # The old predictable place of the crash reports, planted as a link to a folder that must stay untouched.
     victim = tmp_path / "victim"
     victim.mkdir()
