@@ -30,7 +30,8 @@ from harness.bisect.bisector import Outcome
 from harness.bisect.builds import IndexOptions
 from harness.bisect.nightly import bisect_nightlies
 from pytorch_repo import PytorchRepo
-from torch_history import FILES, SELECTION, TORCH, base_files, harmless, installed, isolated_cache, planted
+from torch_history import (FILES, SELECTION, TORCH, base_files, harmless, installed, isolated_cache,
+                           kernels_for_renamed_builds, planted)
 
 NORMALIZATION = "aten/src/ATen/native/Normalization.cpp"
 
@@ -86,8 +87,10 @@ def test_a_date_bisection_goes_inside_the_day_over_the_closer_nightly(tmp_path, 
     wheels.mkdir()
     day_python = {main[0]: {}, main[-1]: {FILES[0]: harmless(FILES[0], 1)[FILES[0]], FILES[1]: planted(),
                                           FILES[2]: harmless(FILES[2], 1)[FILES[2]]}}
-    for (day, sha), commit in zip(nightly.items(), (main[0], main[-1])):
-        torch_wheel(wheels, f"2.13.0.dev{day.replace('-', '')}+cpu", sha, day_python[commit])
+    builds = [(f"2.13.0.dev{day.replace('-', '')}+cpu", sha) for day, sha in nightly.items()]
+    for (version, sha), commit in zip(builds, (main[0], main[-1])):
+        torch_wheel(wheels, version, sha, day_python[commit])
+    kernels_for_renamed_builds(tmp_path, builds)
     index = IndexOptions(find_links=(str(wheels),), no_index=True)
 
     got = bisect_nightlies(good="2026-10-01", bad="2026-10-02", selection=SELECTION, index=index, inherit=True,

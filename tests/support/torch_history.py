@@ -10,6 +10,7 @@ nothing compiles them, which is the point (an overlay leaves them out).
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import torch
@@ -54,6 +55,34 @@ def isolated_cache(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("SYNCBN_HARNESS_CACHE", str(tmp_path / "cache"))
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "kernels").symlink_to(shared_kernels, target_is_directory=True)
+
+
+def kernels_for_renamed_builds(tmp_path: Path, builds) -> None:
+    """After :func:`isolated_cache`: the test's cache gets kernels of its own, the installed torch's (linked)
+    and, for each ``(version, git_version)`` in ``builds``, a copy of them under the key of the installed torch
+    renamed so (a wheel of its files with another ``torch/version.py``, as test_nightly_torch's nightlies).
+
+    Every compiled file of such a build is the installed torch's, so a build in its environment would compile
+    the same sources against the same headers into the same library; only the version strings in the cache
+    key differ. The copy spares each such environment that build (about 50 s of CPU on two cores), and the
+    shared cache no longer gains a folder per run (the nightlies' commits, hence their keys, change each run)."""
+    from unittest import mock
+
+    from harness.kernels import extension
+
+    library = extension.load()  # the installed torch's kernels, built in the shared cache (the kernels fixture)
+    kernels = tmp_path / "cache" / "kernels"
+    kernels.unlink()
+    kernels.mkdir()
+    (kernels / library.parent.name).symlink_to(library.parent, target_is_directory=True)
+    for version, git_version in builds:
+        with mock.patch.object(torch, "__version__", version), \
+                mock.patch.object(torch.version, "git_version", git_version):
+            spec = extension.default_spec()
+            key = spec.key
+        assert key != library.parent.name
+        (kernels / key).mkdir()
+        shutil.copyfile(library, kernels / key / f"syncbn_ref_{key}.so")
 
 
 def snapshot(root: Path) -> dict:
