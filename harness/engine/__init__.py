@@ -4,8 +4,9 @@
 - :mod:`~harness.engine.admission`: whether a (case, impl) runs here, and its task (both launchers);
 - :mod:`~harness.engine.session`: run a selection (one warm pool per world size), yield records;
 - :mod:`~harness.engine.pool`: the parent side of a warm pool of rank processes;
-- :mod:`~harness.engine.forkserver`, :mod:`~harness.engine.warm`, :mod:`~harness.engine.warm_dynamo`: how rank
-  processes start (forked from a server with torch, the harness and what ranks would import, preloaded);
+- :mod:`~harness.engine.forkserver`, :mod:`~harness.engine.warm`, :mod:`~harness.engine.warm_server`,
+  :mod:`~harness.engine.warm_dynamo`: how rank processes start (forked from a server with torch, the harness
+  and what ranks would import, preloaded);
 - :mod:`~harness.engine.collectives`: every collective a rank issues, recorded in order;
 - :mod:`~harness.engine.nccl_contract`: a CPU backend with NCCL's contract over gloo's transport;
 - :mod:`~harness.engine.compiled`: a case's scenario under ``torch.compile``, beside it run eagerly;

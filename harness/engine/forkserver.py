@@ -18,9 +18,10 @@ Protocol:
 - The forkserver lives as long as the process that started it, so its preload
   is fixed by the first call; a later call asking for dynamo where the running
   server lacks it changes nothing (the ranks then import dynamo themselves).
-- Nothing here may fail a run: :mod:`harness.engine.warm` and
+- Nothing here may fail a run: :mod:`harness.engine.warm_server` and
   :mod:`harness.engine.warm_dynamo`, the preload's last modules, swallow their
-  own errors, and ranks redo whatever they could not do.
+  own errors (through :mod:`harness.engine.warm`), and ranks redo whatever
+  they could not do.
 
 ``SYNCBN_HARNESS_START_METHOD=spawn`` forces fresh interpreters instead; they
 are used too, saying so once, when the forkserver's Unix socket would not fit
@@ -42,7 +43,7 @@ PRELOAD = ("harness.engine.rank", "harness.scenarios.layer", "harness.scenarios.
            "harness.impls.plugin", "torch.distributed.nn.functional",
            "torch.distributed._functional_collectives",  # the collective recorder imports it (custom ops)
            "torch.fx.experimental.symbolic_shapes",  # the first backward imports it (and sympy): 0.8 s
-           "harness.engine.warm")  # the reference kernels, best effort
+           "harness.engine.warm_server")  # the reference kernels, best effort; the server's fast exit
 DYNAMO_PRELOAD = ("harness.engine.warm_dynamo",)  # torch._dynamo and inductor's compiler, where no GPU is reachable
 
 # Scenarios whose ranks import torch._dynamo (optimizers, torch.compile); every other scenario never does.

@@ -1,15 +1,13 @@
 """The forkserver's last preloads: what every rank would otherwise do at start, done once before any fork.
 
-Importing this module (only the forkserver does, see :mod:`harness.engine.forkserver`) loads the
-reference kernels when they are built for this torch already (a missing build is left to the ranks,
-which build it under the cache's lock and report a failure as the implementation's).
-:mod:`harness.engine.warm_dynamo`, preloaded for selections that compile or build optimizers, calls
-:func:`dynamo`: dynamo, its backends and inductor's compiler.
-
-Importing it also makes the forkserver exit without the interpreter's teardown (:func:`exit_fast`):
-the forkserver outlives the command that started it by as long as that teardown takes (half a second
-of CPU with torch loaded), which the next command (a ``git bisect run`` step, a benchmark's next
-turn) would pay.
+Importing this module does nothing but define them. The forkserver's preload ends with
+:mod:`harness.engine.warm_server`, which calls :func:`kernels` (the reference kernels, when they are built
+for this torch already: a missing build is left to the ranks, which build it under the cache's lock and
+report a failure as the implementation's) and registers :func:`exit_fast`, so that the forkserver exits
+without the interpreter's teardown: it outlives the command that started it by as long as that teardown
+takes (half a second of CPU with torch loaded), which the next command (a ``git bisect run`` step, a
+benchmark's next turn) would pay. :mod:`harness.engine.warm_dynamo`, preloaded for selections that compile
+or build optimizers, calls :func:`dynamo`: dynamo, its backends and inductor's compiler.
 
 The kernels and dynamo are loaded where no GPU can be reached (:func:`preload_is_safe`): a CPU build of
 torch, or a GPU build on a machine without a GPU device file. Elsewhere anything that asked for a GPU
@@ -22,7 +20,6 @@ tensor, so forking afterwards is safe.
 
 from __future__ import annotations
 
-import atexit
 import glob
 import os
 import sys
@@ -95,6 +92,3 @@ def exit_fast(server_pid: int) -> None:
             pass
     os._exit(0)
 
-
-kernels()
-atexit.register(exit_fast, os.getpid())

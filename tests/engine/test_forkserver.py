@@ -96,7 +96,7 @@ def test_the_forkserver_leaves_without_teardown_and_its_forks_keep_theirs(tmp_pa
     script.write_text(
         "import atexit, os, sys\n"
         "atexit.register(lambda: print(f'teardown {os.getpid()}', flush=True))\n"
-        "import harness.engine.warm\n"
+        "import harness.engine.warm_server\n"
         "child = os.fork()\n"
         "if child == 0:\n"
         "    sys.exit(0)\n"
@@ -108,6 +108,11 @@ def test_the_forkserver_leaves_without_teardown_and_its_forks_keep_theirs(tmp_pa
     server = lines[lines.index("server") + 1]
     assert f"teardown {server}" not in proc.stdout  # the server left at once
     assert proc.stdout.count("teardown") == 1  # the fork ran its handlers
+    # The helpers alone change nothing at exit (a test runner's worker imports them and must clean up after).
+    script.write_text("import atexit\natexit.register(lambda: print('teardown', flush=True))\n"
+                      "import harness.engine.warm\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.split() == ["teardown"], proc.stdout + proc.stderr
 
 
 def test_a_tmpdir_too_deep_for_the_forkservers_socket_falls_back_to_spawn(tmp_path, monkeypatch, capsys):
