@@ -57,14 +57,9 @@ def own_cache(tmp_path):
     """A cache folder of the test's own (for ``SYNCBN_HARNESS_CACHE``: logs, torchrun's job folders, nothing of
     other tests) whose ``kernels`` are the default cache's: the reference kernels are not built again (tens of
     seconds of compiling), or are built once there for every test."""
-    from harness.paths import cache_folder
+    from shared_kernels import cache_sharing_kernels
 
-    shared = cache_folder("kernels")
-    shared.mkdir(parents=True, exist_ok=True)
-    cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / "kernels").symlink_to(shared, target_is_directory=True)
-    return cache
+    return cache_sharing_kernels(tmp_path / "cache")
 
 
 CUDA_TORCH_PYTHON_ENV = "SYNCBN_HARNESS_CUDA_TORCH_PYTHON"

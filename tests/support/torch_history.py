@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from harness.paths import cache_folder
 from harness.selection import Selection
+from shared_kernels import cache_sharing_kernels
 
 CASE = "allgather-shape/uneven-2-6/float32-float32/channels_last/ws2"
 SELECTION = Selection(impls=("torch",), case_patterns=(CASE,), device="cpu", timeout=60)
@@ -51,10 +51,7 @@ def harmless(rel: str, n: int) -> dict:
 
 def isolated_cache(tmp_path: Path, monkeypatch) -> None:
     """A cache of its own for overlays and verdicts; the reference kernels stay this torch build's, already built."""
-    shared_kernels = cache_folder("kernels")
-    monkeypatch.setenv("SYNCBN_HARNESS_CACHE", str(tmp_path / "cache"))
-    (tmp_path / "cache").mkdir()
-    (tmp_path / "cache" / "kernels").symlink_to(shared_kernels, target_is_directory=True)
+    monkeypatch.setenv("SYNCBN_HARNESS_CACHE", str(cache_sharing_kernels(tmp_path / "cache")))
 
 
 def kernels_for_renamed_builds(tmp_path: Path, builds) -> None:
@@ -79,10 +76,9 @@ def kernels_for_renamed_builds(tmp_path: Path, builds) -> None:
         with mock.patch.object(torch, "__version__", version), \
                 mock.patch.object(torch.version, "git_version", git_version):
             spec = extension.default_spec()
-            key = spec.key
-        assert key != library.parent.name
-        (kernels / key).mkdir()
-        shutil.copyfile(library, kernels / key / f"syncbn_ref_{key}.so")
+            assert spec.key != library.parent.name  # the key is computed here, under the renamed versions
+        spec.library.parent.mkdir()  # in the test's cache (SYNCBN_HARNESS_CACHE is set by isolated_cache)
+        shutil.copyfile(library, spec.library)
 
 
 def snapshot(root: Path) -> dict:
