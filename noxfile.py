@@ -38,25 +38,6 @@ def lint(session: nox.Session) -> None:
                 "tests", "noxfile.py", "setup.py")
 
 
-@nox.session(name="cuda_compile", python="3.11")
-def cuda_compile(session: nox.Session) -> None:
-    """Compile the CUDA kernels for sm_80 and sm_90 against the CUDA 13 build of torch (no GPU needed)."""
-    session.install("--no-compile", CUDA_TORCH, "-e", ".")
-    cache = os.path.join(session.virtualenv.location, "syncbn-cache")
-    session.run("syncbn-harness", "build-kernels", "--cuda", "--cuda-arch", "8.0;9.0",
-                env={"SYNCBN_HARNESS_CACHE": cache, "MAX_JOBS": "2"})
-    # The library that was built must load in a CUDA build of torch and expose CUDA kernels for every op.
-    session.run("python", "-c", (
-        "import torch; from harness.kernels import extension; "
-        "spec = extension.default_spec(cuda=True, cuda_archs='8.0;9.0'); extension.build(spec); "
-        "ops = ['batch_norm_stats', 'batch_norm_gather_stats_with_counts', 'batch_norm_elemt', "
-        "'batch_norm_backward_reduce', 'batch_norm_backward_elemt', 'welford_stats', 'welford_merge']; "
-        "missing = [o for o in ops if not torch._C._dispatch_has_kernel_for_dispatch_key("
-        "'syncbn_ref::' + o, 'CUDA')]; "
-        "assert not missing, missing; print('CUDA kernels registered for', len(ops), 'ops')"),
-        env={"SYNCBN_HARNESS_CACHE": cache})
-
-
 BUILD_PYTHON_ENV = "SYNCBN_HARNESS_BUILD_PYTHON_{}"  # the version, dots as underscores: ..._PYTHON_2_14_1
 
 
@@ -78,6 +59,31 @@ def lent_python(session: nox.Session, torch_build: str) -> str | None:
                       f"{torch_build} and this checkout installed, or unset {variable} to let the session "
                       "install them")
     return python
+
+
+@nox.session(name="cuda_compile", python="3.11")
+def cuda_compile(session: nox.Session) -> None:
+    """Compile the CUDA kernels for sm_80 and sm_90 against the CUDA 13 build of torch (no GPU needed).
+
+    Runs in the environment ``$SYNCBN_HARNESS_BUILD_PYTHON_2_14_1`` names where that is set (:func:`lent_python`:
+    `.ci/run` installs it beside the tests' environment, the two installs at once), else installs its own."""
+    python = lent_python(session, CUDA_TORCH)
+    if python is None:
+        session.install("--no-compile", CUDA_TORCH, "-e", ".")
+    interpreter = python or "python"
+    cache = os.path.join(session.virtualenv.location, "syncbn-cache")
+    session.run(interpreter, "-m", "harness", "build-kernels", "--cuda", "--cuda-arch", "8.0;9.0",
+                env={"SYNCBN_HARNESS_CACHE": cache, "MAX_JOBS": "2"}, external=python is not None)
+    # The library that was built must load in a CUDA build of torch and expose CUDA kernels for every op.
+    session.run(interpreter, "-c", (
+        "import torch; from harness.kernels import extension; "
+        "spec = extension.default_spec(cuda=True, cuda_archs='8.0;9.0'); extension.build(spec); "
+        "ops = ['batch_norm_stats', 'batch_norm_gather_stats_with_counts', 'batch_norm_elemt', "
+        "'batch_norm_backward_reduce', 'batch_norm_backward_elemt', 'welford_stats', 'welford_merge']; "
+        "missing = [o for o in ops if not torch._C._dispatch_has_kernel_for_dispatch_key("
+        "'syncbn_ref::' + o, 'CUDA')]; "
+        "assert not missing, missing; print('CUDA kernels registered for', len(ops), 'ops')"),
+        env={"SYNCBN_HARNESS_CACHE": cache}, external=python is not None)
 
 
 @nox.session(python="3.11")
