@@ -61,11 +61,7 @@ log = logging.getLogger(__name__)
 PEER_GRACE_S = 3.0
 RECHECK_S = 0.05  # after a failure, how often the silent ranks' collectives are read again
 SETTLE_S = 0.25  # after a first answer without a failure, the others usually follow within milliseconds
-# Every rank silent this long: the pool starts looking for a deadlock. A look reads each rank's collectives file
-# and dumps stacks only when those cannot be one collective, so ranks at work pay next to nothing: 1 s against 3 s
-# left a 60-case search and ten compile cases as fast (9.1 against 8.8 cases/s; 66.2 against 65.6 s) and took
-# a known join deadlock from 3.7 s to 1.7 s.
-QUIET_S = 1.0
+QUIET_S = 1.0  # every rank silent this long: look for a deadlock (a file read per rank while they work)
 DUMP_WAIT_S = 2.0
 STOP_WAIT_S = 5.0
 LOG_TAIL = 6000
