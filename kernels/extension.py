@@ -8,7 +8,9 @@ Protocol:
   (and for which architectures), the compiler flags and a hash of the sources.
   A different torch build never loads a stale binary.
 - A file lock per key serializes builders, so parallel workers (ranks,
-  pytest-xdist) build once; the others wait and then load.
+  pytest-xdist) build once; the others wait and then load. The builder that
+  holds it removes the lock file torch's own builder leaves behind when killed
+  mid-build (torch would wait for it forever).
 - Failures raise :class:`KernelBuildError` naming the cause and the fix.
 """
 
@@ -254,6 +256,7 @@ def build(spec: BuildSpec | None = None, *, verbose: bool = False) -> Path:
     try:
         with lock.acquire(timeout=LOCK_TIMEOUT_S):
             if not spec.library.exists():
+                _clear_stale_baton(spec)
                 _compile(spec, verbose=verbose)
     except Timeout:
         raise KernelBuildError(
@@ -271,6 +274,17 @@ def build(spec: BuildSpec | None = None, *, verbose: bool = False) -> Path:
 
     register_fakes()
     return spec.library
+
+
+def _clear_stale_baton(spec: BuildSpec) -> None:
+    """Remove the ``lock`` file torch's builder leaves in its build folder when it is killed mid-build (Ctrl-C, a
+    timeout, a test's SIGKILL). torch waits for that file to go, without a timeout, so every later build of
+    this key would hang. Called holding this key's file lock: no other builder of this harness is at work, so
+    the file is stale."""
+    baton = spec.directory / "lock"
+    if baton.exists():
+        log.warning("removing %s, left by a build of the reference kernels that was killed", baton)
+        baton.unlink(missing_ok=True)
 
 
 def _compile(spec: BuildSpec, *, verbose: bool) -> None:

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,34 @@ def test_compile_error_names_the_cause_and_says_what_it_built(tmp_path, monkeypa
     assert "building the reference kernels failed" in msg and "build-kernels --verbose" in msg
     assert "bad.cpp" in msg and "error" in msg, msg  # the compiler's own message
     assert "building the reference kernels (CPU) for torch" in capfd.readouterr().err
+
+
+def test_a_build_killed_midway_does_not_stall_the_next(tmp_path, monkeypatch, tiny_schema):
+    """A builder killed mid-build leaves torch's ``lock`` file in the build folder, and torch waits for it to go,
+    without a timeout. The next build removes it (it holds the key's own lock) and goes on: here to the compile
+    error of a bad source, reached in seconds (the build runs in a thread, so that a regression fails instead of
+    hanging the test)."""
+    bad = tmp_path / "bad.cpp"
+    bad.write_text("this is not C++;\n")
+    monkeypatch.setenv("SYNCBN_HARNESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernels, "CPU_SOURCES", [bad])
+    spec = extension.BuildSpec(with_cuda=False, cuda_archs=None)
+    spec.directory.mkdir(parents=True)
+    (spec.directory / "lock").touch()  # what torch's builder leaves when it is killed
+    outcome: list[BaseException] = []
+
+    def build():
+        try:
+            extension.build(spec)
+        except BaseException as exc:  # noqa: B036 (handed to the test's thread)
+            outcome.append(exc)
+
+    builder = threading.Thread(target=build, daemon=True)
+    builder.start()
+    builder.join(timeout=120)
+    assert not builder.is_alive(), f"the build still waits for {spec.directory / 'lock'}"
+    assert len(outcome) == 1 and isinstance(outcome[0], KernelBuildError), outcome
+    assert "bad.cpp" in str(outcome[0]) and not (spec.directory / "lock").exists()
 
 
 @pytest.mark.skipif(extension.find_cuda_home() is None, reason="no CUDA toolkit here (nvcc not found)")
