@@ -1,9 +1,11 @@
 """Isolation for the harness's own tests.
 
 Rendezvous variables from the caller's shell must never reach a test, and
-every test that spawns processes must leave none behind. Tests whose rank
-processes import plugins from ``tests/support`` take :func:`support_on_path`. Tests marked ``cuda``
-are skipped, saying why, where torch sees no GPU (:func:`no_gpu_reason`);
+every test that spawns processes must leave none behind. The session's harness
+cache shares built things with the default cache but keeps its failure logs to
+itself (:func:`_session_cache`). Tests whose rank processes import plugins from
+``tests/support`` take :func:`support_on_path`. Tests marked ``cuda`` are
+skipped, saying why, where torch sees no GPU (:func:`no_gpu_reason`);
 ``nox -s gpu`` runs them where it does.
 
 Two tiers: tests marked ``sweep(seconds)`` (20 s or more on two cores: sweeps
@@ -33,6 +35,26 @@ def _scrub_env(monkeypatch):
 
 
 SUPPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "support")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory):
+    """Every test's harness cache, unless the test names its own: a folder of this session (under pytest's
+    temporary folders, which keep the last few sessions) whose kernels, inductor code, environments and other
+    built things are links to the default cache's, but whose ``logs`` and ``torchrun`` folders are its own. The
+    tests that plant crashes and hangs keep their rank logs there, not among the user's."""
+    from harness.paths import CACHE, CACHE_FOLDERS, cache_folder
+
+    own = {"logs", "torchrun"}
+    cache = tmp_path_factory.mktemp("harness-cache")
+    for kind, name in CACHE_FOLDERS.items():
+        if kind not in own:
+            shared = cache_folder(kind)
+            shared.mkdir(parents=True, exist_ok=True)
+            (cache / name).symlink_to(shared, target_is_directory=True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE, str(cache))
+        yield cache
 
 
 @pytest.fixture
