@@ -6,29 +6,25 @@ Rendezvous: the parent hosts a ``TCPStore`` on port 0, so the OS picks a free
 port and two pools (two runs, xdist workers) never collide; ranks join it by
 port and rank number, never through the caller's environment.
 
-One task (:meth:`Pool.run`): the parent sends it to every rank and waits on
-every rank's pipe and process sentinel until all have answered or the
-timeout expires. After a first failure (an exception or a death) the others
-get ``PEER_GRACE_S`` to answer, unless each one still silent provably waits in
-a collective that cannot complete (:func:`~harness.engine.attribution.waits_for_good`:
-a done member of its group never issued it, or died having issued it while
-the silent rank's stack is inside torch.distributed): then the wait ends at
-once, since a crash that leaves its peers in a gloo collective would
-otherwise cost the whole grace every time. The same rule ends the wait for
-ranks silent beside ranks that answered (after ``SETTLE_S`` when none failed:
-the rest usually answer within milliseconds), and a deadlock of every rank
-ends it once proven (:class:`~harness.engine.attribution.DeadlockWatch`, after
-``QUIET_S``) instead of at the timeout. Ranks still silent have their Python
-stacks dumped (faulthandler on SIGUSR1, into their logs); the collectives a
-rank without an answer had issued are read from the file it writes them to
+One task (:meth:`Pool.run`): the parent sends it to every rank and waits on every rank's pipe and
+process sentinel until all have answered or the timeout expires. After a first failure (an exception
+or a death) the others get ``PEER_GRACE_S`` to answer, unless each one still silent provably waits
+in a collective that cannot complete (:func:`~harness.engine.attribution.waits_for_good`: a done
+member of its group never issued it, or died having issued it while the silent rank's stack is
+inside torch.distributed): then the wait ends at once (unless a rank raised inside torch.distributed
+and no member has died yet: a dying peer likely caused that error, and its death is awaited), since
+a crash that leaves its peers in a gloo collective would otherwise cost the whole grace every time.
+The same rule ends the wait for ranks silent beside ranks that answered (after ``SETTLE_S`` when
+none failed: the rest usually answer within milliseconds), and a deadlock of every rank ends it once
+proven (:class:`~harness.engine.attribution.DeadlockWatch`, after ``QUIET_S``) instead of at the
+timeout. Ranks still silent have their Python stacks dumped (faulthandler on SIGUSR1, into their
+logs); the collectives a rank without an answer had issued are read from the file it writes them to
 before issuing each (``rank<r>.calls`` beside its log); and
-:func:`harness.engine.attribution.attribute` decides who is to blame. After
-a failure the pool is torn down (every child killed and reaped): a rank
-left inside a collective cannot take another task, and the next task starts
-a fresh pool. The exception: a failure that provably left nothing in flight
-(every rank answered and caught its own exception, and their collectives
-match; :mod:`harness.engine.reuse`) keeps the pool, whose next task runs as
-on a fresh one.
+:func:`harness.engine.attribution.attribute` decides who is to blame. After a failure the pool is
+torn down (every child killed and reaped): a rank left inside a collective cannot take another task,
+and the next task starts a fresh pool. The exception: a failure that provably left nothing in flight
+(every rank answered and caught its own exception, and their collectives match;
+:mod:`harness.engine.reuse`) keeps the pool, whose next task runs as on a fresh one.
 """
 
 from __future__ import annotations
@@ -301,9 +297,9 @@ class Pool:
         A rank whose case is ambiguous (a dead member of its group issued as many collectives) has its stack
         dumped once; a dump that shows it inside a collective is kept in ``dumps`` as its evidence.
         """
-        if any(ob.result is not None and ob.result.status is RankStatus.ERROR
-               and raised_in_collective(ob.result.traceback) for ob in observations.values()):
-            return False  # a collective failed under a rank: a peer may be dying, and its death is the cause
+        if not any(ob.died for ob in observations.values()) and any(ob.result is not None and ob.result.status is
+                RankStatus.ERROR and raised_in_collective(ob.result.traceback) for ob in observations.values()):
+            return False  # a collective failed under a rank, none died yet: a peer may be dying, its death the cause
         done = {r: (ob.result.collectives if ob.result is not None else ob.collectives or self.calls_of(r) or [],
                     ob.died) for r, ob in observations.items() if r not in pending}
         for r in sorted(pending):

@@ -112,6 +112,27 @@ def test_a_rank_dying_inside_a_collective_leaves_its_peer_stuck_and_that_is_seen
 
 
 @pytest.mark.slow
+def test_peers_that_raised_in_a_collective_do_not_hold_the_wait_open_once_a_rank_died():
+    """An error raised inside torch.distributed keeps the wait open until a death is seen (a dying peer usually
+    caused it), and no longer: rank 0 aborts, ranks 1 and 3 raise inside a collective, and rank 2, stuck inside
+    the statistics all_gather, is read at once instead of after the whole grace (as in torch's empty-rank crash
+    on four ranks, which cost every such run of a search 3 s)."""
+    [case] = catalog.select(["allgather-shape/uneven-3-1-4-2/float32-float32/contiguous/ws4"])
+    probe, ref = resolve_impls(["probes:AbortOnRank0WhilePeersRaiseInACollective", "reference"])
+    session = Session([probe, ref], RunOptions(timeout=20, diagnose=False))
+    try:
+        assert session.run_one(case, ref).status == Status.PASS  # the pool's start is not the crash's time
+        bad = session.run_one(case, probe)
+    finally:
+        session.close()
+    assert bad.duration_s < PEER_GRACE_S / 2, bad.duration_s
+    assert bad.status == Status.CRASH, bad.message
+    assert [o.rank for o in bad.ranks if o.status is RankStatus.CRASH] == [0] and rank(bad, 0).signal == "SIGABRT"
+    assert all(rank(bad, r).status is RankStatus.PEER_FAILED for r in (1, 2, 3)), bad.ranks
+    assert rank(bad, 2).stack_dump and not rank(bad, 2).exception_type, rank(bad, 2)  # read inside the all_gather
+
+
+@pytest.mark.slow
 def test_exit_code_on_rank1_is_a_crash_with_that_code():
     bad, _ = failing_then_passing("ExitOnRank1")
     assert bad.status == Status.CRASH

@@ -2,7 +2,9 @@
 
 Each is a plugin (``probes:NAME``) built on the reference SyncBN; on rank 1
 of the default group it misbehaves in one precise way during forward, while
-its peers enter the statistics all_gather as usual.
+its peers enter the statistics all_gather as usual. A few misbehave on every
+rank, or play out a whole crash's pattern over four ranks (their docstrings
+say how).
 """
 
 from __future__ import annotations
@@ -128,4 +130,18 @@ class DrawsProgressBar(SyncBatchNorm):
 
         for _ in tqdm(range(1), disable=True):
             pass
+        return super().forward(input)
+
+
+class AbortOnRank0WhilePeersRaiseInACollective(SyncBatchNorm):
+    """On four ranks, the pattern of torch's empty-rank crash there: rank 0 dies (SIGABRT), ranks 1 and 3 raise
+    inside torch.distributed (gloo's 'connection closed' there; here an all_gather given one output for a group
+    of four), and rank 2 stays inside the statistics all_gather, waiting for rank 1 (alive, idle)."""
+
+    def forward(self, input):
+        rank = dist.get_rank()
+        if rank == 0:
+            os.abort()
+        if rank != 2:
+            dist.all_gather([input.new_zeros(1)], input.new_zeros(1))
         return super().forward(input)
