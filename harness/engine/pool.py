@@ -297,8 +297,10 @@ class Pool:
         A rank whose case is ambiguous (a dead member of its group issued as many collectives) has its stack
         dumped once; a dump that shows it inside a collective is kept in ``dumps`` as its evidence.
         """
-        if not any(ob.died for ob in observations.values()) and any(ob.result is not None and ob.result.status is
-                RankStatus.ERROR and raised_in_collective(ob.result.traceback) for ob in observations.values()):
+        obs = observations.values()
+        raised_inside = any(ob.result is not None and ob.result.status is RankStatus.ERROR
+                            and raised_in_collective(ob.result.traceback) for ob in obs)
+        if raised_inside and not any(ob.died for ob in obs):
             return False  # a collective failed under a rank, none died yet: a peer may be dying, its death the cause
         done = {r: (ob.result.collectives if ob.result is not None else ob.collectives or self.calls_of(r) or [],
                     ob.died) for r, ob in observations.items() if r not in pending}
