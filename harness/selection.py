@@ -73,8 +73,6 @@ class Selection:
         if self.device == "cpu" and self.backend == "nccl":
             raise UsageError("--backend nccl needs --device cuda: on CPU use --backend gloo, or --backend "
                              "nccl-contract for torch's non-gloo code path")
-        if self.device == "cuda" and self.backend == "nccl-contract":
-            raise UsageError("--backend nccl-contract is a CPU backend: with --device cuda use --backend nccl")
 
     @cached_property
     def resolved_device(self) -> str:
@@ -108,9 +106,6 @@ class Selection:
 
     def run_options(self, **overrides):
         """The :class:`RunOptions` these flags ask for."""
-        if self.backend == "nccl-contract" and self.resolved_device != "cpu":
-            raise UsageError("--backend nccl-contract is a CPU backend: add --device cpu (on cuda, --backend nccl "
-                             "runs torch's non-gloo path itself)")
         opts = {"device": self.resolved_device, "backend": self.resolved_backend,
                 "timeout": self.timeout or DEFAULT_TIMEOUT_S}
         opts.update(overrides)

@@ -101,7 +101,8 @@ def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Pa
     impls, opts, info, key = plan.impls, plan.opts, plan.info, plan.key
     store = Store(store_dir)
     live = wanted(sys.stderr)
-    backends = (None, "nccl-contract") if opts.device == "cpu" and opts.resolved_backend == "gloo" else (None,)
+    # nccl-contract carries CPU and CUDA tensors over gloo: beside a gloo run, on either device.
+    backends = (None, "nccl-contract") if opts.resolved_backend == "gloo" else (None,)
 
     def on_case(explorer) -> None:
         r = explorer.result

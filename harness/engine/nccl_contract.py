@@ -1,11 +1,13 @@
-"""``nccl-contract``: a CPU process-group backend with NCCL's contract and gloo's transport.
+"""``nccl-contract``: a process-group backend with NCCL's contract and gloo's transport, for CPU and CUDA tensors.
 
 torch's SyncBatchNorm picks its all_gather by the process group's backend
 name: ``gloo`` gathers into a list of tensors, every other backend (nccl and
 the third-party ones) into one flat tensor. On a machine without GPUs only the
 gloo branch can run, so the branch nearly every GPU user takes would go
-untested. This backend is registered under another name, so torch takes that
-branch on CPU, and it keeps the promises NCCL makes to it:
+untested; on a machine with one GPU, NCCL itself cannot put two ranks on it.
+This backend is registered under another name, so torch takes that branch on
+CPU and on a shared GPU (gloo carries CUDA tensors too), and it keeps the
+promises NCCL makes to it:
 
 - ``all_gather_into_tensor`` (``_allgather_base``, ``all_gather_single``):
   one flat output of ``world_size * input.numel()`` elements, whatever its
@@ -146,14 +148,14 @@ def create(store, rank: int, size: int, timeout):
 
 
 def register() -> None:
-    """Make ``NAME`` a backend ``init_process_group`` and ``new_group`` accept, for CPU tensors."""
+    """Make ``NAME`` a backend ``init_process_group`` and ``new_group`` accept, for CPU and CUDA tensors."""
     global _registered
     if _registered:
         return
     import torch.distributed as dist
 
     try:
-        dist.Backend.register_backend(NAME, create, devices=["cpu"])
+        dist.Backend.register_backend(NAME, create, devices=["cpu", "cuda"])
     except TypeError:  # torch < 2.0: no devices argument
         dist.Backend.register_backend(NAME, create)
     _registered = True

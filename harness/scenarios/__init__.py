@@ -42,9 +42,6 @@ def module(name: str):
 
 def unsupported_reason(case, impl, device: str, backend: str) -> Optional[str]:
     """Why the case's scenario cannot run ``impl`` on ``device`` over ``backend``, or None (most scenarios: None)."""
-    if case.backend and device != "cpu":
-        return (f"{case.backend} is the CPU stand-in for torch's non-gloo code path: on --device cuda, "
-                "--backend nccl runs that path itself")
     if case.compile:
         import torch
 

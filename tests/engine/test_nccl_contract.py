@@ -68,3 +68,24 @@ def test_compiled_cases_run_over_the_contract_backend_as_over_gloo():
         [record] = run_selection(catalog.select([case]), resolve_impls(["reference"]),
                                  RunOptions(backend=backend, timeout=300, diagnose=False))
         assert record.status == Status.PASS, f"{backend}: {record.message}"
+
+
+def test_the_contract_backend_is_offered_for_cuda_tensors_too():
+    """On a one-GPU machine it is torch's only non-gloo path (NCCL refuses two ranks on one GPU), so a CUDA run
+    takes its cases rather than calling them unsupported; torch gets the backend for both device types."""
+    import torch.distributed as dist
+
+    from harness import catalog
+    from harness.engine import nccl_contract
+    from harness.scenarios import unsupported_reason
+    from harness.selection import Selection
+
+    assert Selection(device="cuda", backend=NAME).run_options().backend == NAME  # no usage error
+    twins = [c for c in catalog.select() if c.backend == NAME]
+    assert twins and all(c.id.endswith(f"/{NAME}") for c in twins)
+    from harness.impls import resolve_impls
+
+    torch_impl = resolve_impls(["torch"])[0]
+    assert all(unsupported_reason(c, torch_impl, "cuda", "gloo") is None for c in twins)
+    nccl_contract.register()
+    assert dist.Backend.backend_capability[NAME] == ["cpu", "cuda"]
