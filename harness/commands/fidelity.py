@@ -22,10 +22,12 @@ def fidelity(emulated_dir, native_dir, impls, out_file):
     For torch the CPU records are its cpu-emulation (its Python over CPU stand-ins for its CUDA kernels); for the
     reference, its CPU kernels against its CUDA kernels.
 
-    Informational: exit 0 whatever it finds. Each row is an emulation defect to fix or a difference to explain.
+    Both stores must hold records of one torch build (version and git commit); different builds are refused (exit
+    2). Informational otherwise: exit 0 whatever it finds. Each row is an emulation defect to fix or a difference to
+    explain.
     """
     from harness.errors import UsageError
-    from harness.results.fidelity import compare, to_markdown
+    from harness.results.fidelity import build_mismatch, compare, to_markdown
     from harness.results.store import Store
 
     emulated, native = Store(emulated_dir).read(), Store(native_dir).read()
@@ -36,6 +38,11 @@ def fidelity(emulated_dir, native_dir, impls, out_file):
         if not any(r.impl == impl and r.device == "cuda" for r in native):
             raise UsageError(f"--native {native_dir}: no {impl} record made on CUDA there; make them on a GPU with "
                              f"`syncbn-harness run --device cuda --backend gloo --impl {impl} --store {native_dir}`")
+        differ = build_mismatch(emulated, native, impl)
+        if differ:
+            raise UsageError(f"--emulated {emulated_dir} and --native {native_dir} hold different torch builds ("
+                             f"{differ}): make the cpu-emulation records with the same torch, e.g. on the GPU machine "
+                             f"itself (`syncbn-harness run --device cpu --impl {impl} --store STORE`)")
     text = "\n".join(to_markdown(compare(emulated, native, impl)) for impl in impls)
     click.echo(text, nl=False)
     if out_file:

@@ -12,10 +12,14 @@ keeps every case where they disagree:
   layout or shape flagged on one side only (numbers within tolerance on both
   sides are agreement; their size differs between any two devices).
 
-Cases present on one side only are counted, not compared, and so are cases
-of a CPU-only backend (``nccl-contract``: NCCL's collective contract over gloo,
-a CPU stand-in that CUDA runs are refused by construction; their CUDA
-counterpart is ``--backend nccl`` with a GPU per rank). Each disagreement
+Cases present on one side only are counted, not compared. Cases of the
+``nccl-contract`` backend (NCCL's collective contract over gloo's transport)
+are compared like any other: it carries CUDA tensors as it carries CPU ones.
+
+Both sides must come from one torch build (the same version and git commit):
+cpu-emulation runs torch's own Python, and a verdict made with another
+release's Python says nothing of this one's kernels. :func:`build_mismatch`
+says how two stores differ, and the command refuses them. Each disagreement
 is either an emulation defect (the stand-ins are wrong; fix them) or a
 difference to explain (the case is not the same on CUDA, e.g. a hang
 attributed differently); :func:`to_markdown` leaves a column for that.
@@ -29,7 +33,6 @@ from typing import Iterable
 from harness.results.records import Record
 from harness.results.store import latest
 
-CPU_ONLY_BACKEND = "nccl-contract"
 STRUCTURAL = ("dtype", "layout", "memory format", "shape", "stride")
 
 
@@ -53,7 +56,6 @@ class Fidelity:
     disagreements: list[Disagreement] = field(default_factory=list)
     only_emulated: list[str] = field(default_factory=list)
     only_native: list[str] = field(default_factory=list)
-    cpu_only: list[str] = field(default_factory=list)  # cases of a CPU-only backend: nothing to compare on CUDA
 
     @property
     def compared(self) -> int:
@@ -82,14 +84,29 @@ def compare(emulated: Iterable[Record], native: Iterable[Record], impl: str = "t
     out = Fidelity(impl=impl, only_emulated=sorted(set(emu) - set(nat)), only_native=sorted(set(nat) - set(emu)))
     for case in sorted(set(emu) & set(nat)):
         e, n = emu[case], nat[case]
-        if CPU_ONLY_BACKEND in (e.params.get("backend"), n.params.get("backend")):
-            out.cpu_only.append(case)
-            continue
         if e.status == n.status and _problems(e) == _problems(n):
             out.agreed += 1
         else:
             out.disagreements.append(Disagreement(case, _side(e), _side(n), e.message, n.message))
     return out
+
+
+def builds(records: Iterable[Record], impl: str, device: str) -> set[tuple[str, str]]:
+    """The torch builds (version without its local suffix, git commit) of ``impl``'s records on ``device``."""
+    return {(r.torch_version.split("+")[0], r.torch_git_version or "?") for r in records
+            if r.impl == impl and r.device == device}
+
+
+def build_mismatch(emulated: Iterable[Record], native: Iterable[Record], impl: str) -> str:
+    """Why ``impl``'s emulated and native records cannot be compared (different torch builds), or ''."""
+    emu, nat = builds(emulated, impl, "cpu"), builds(native, impl, "cuda")
+    if emu and nat and emu != nat:
+        def names(found):
+            return ", ".join(f"{v} (git {g[:12]})" for v, g in sorted(found))
+
+        return (f"{impl}: the cpu-emulation records come from torch {names(emu)} and the CUDA records from torch "
+                f"{names(nat)}")
+    return ""
 
 
 def _cell(text: str, width: int = 160) -> str:
@@ -100,8 +117,7 @@ def _cell(text: str, width: int = 160) -> str:
 def to_markdown(fid: Fidelity) -> str:
     """The fidelity table: one row per disagreement, with a column to say whether each is explained or fixed."""
     lines = [f"{fid.impl}: {fid.compared} cases compared, {fid.agreed} agree, {len(fid.disagreements)} disagree"
-             f" ({len(fid.only_emulated)} emulated only, {len(fid.only_native)} native only, {len(fid.cpu_only)} of "
-             f"the CPU-only {CPU_ONLY_BACKEND} backend not compared)", ""]
+             f" ({len(fid.only_emulated)} emulated only, {len(fid.only_native)} native only)", ""]
     if fid.disagreements:
         lines += ["| case | CPU | CUDA | CPU says | CUDA says |", "| --- | --- | --- | --- | --- |"]
         for d in fid.disagreements:
