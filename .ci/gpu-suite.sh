@@ -6,8 +6,8 @@
 # Installs this checkout offline into the Python that holds torch ($PYTHON, default python3: editable, no
 # dependencies, no build isolation, nothing downloaded), puts that Python first on PATH, keeps the kernel cache
 # in .gpu-cache/ inside the checkout (ignored; a second call on the same machine reuses it), runs
-# `syncbn-harness gpu-suite --out OUT` under an overall limit ($SYNCBN_HARNESS_GPU_BUDGET_S, default 420 s, plus
-# 60 s to stop and pack), and leaves at most six files in OUT whatever happens (see docs/gpu-suite.md).
+# `syncbn-harness gpu-suite --out OUT` under an overall limit ($SYNCBN_HARNESS_GPU_BUDGET_S, default 450 s, plus
+# 60 s to stop and pack), and leaves at most eight files in OUT whatever happens (see docs/gpu-suite.md).
 # Exit: the suite's (0 passed, 1 a step did not pass, 3 cannot run here), 3 when the install fails, 124 when the
 # overall limit stopped it.
 set -uo pipefail
@@ -31,7 +31,7 @@ export PYTHONUNBUFFERED=1
 if [ -z "${CUDA_HOME:-}" ] && [ -x /usr/local/cuda/bin/nvcc ]; then
   export CUDA_HOME=/usr/local/cuda
 fi
-budget=${SYNCBN_HARNESS_GPU_BUDGET_S:-420}
+budget=${SYNCBN_HARNESS_GPU_BUDGET_S:-450}
 
 say "python $py; cache $SYNCBN_HARNESS_CACHE; CUDA_HOME ${CUDA_HOME:-unset}; budget ${budget}s"
 t0=$SECONDS

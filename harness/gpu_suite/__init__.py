@@ -4,16 +4,26 @@
 whatever Python holds a CUDA build of torch and installs or downloads
 nothing: a lent GPU machine reaches no package index. It describes the
 machine (:mod:`~harness.gpu_suite.machine`), plans its steps
-(:mod:`~harness.gpu_suite.steps`), runs each under its limit within one
-budget (:mod:`~harness.gpu_suite.runner`) and packs what they left into at
-most six files (:mod:`~harness.gpu_suite.pack`), whatever happened: a
-failed or stopped step, Ctrl-C, or no GPU at all. A machine where the suite
+(:mod:`~harness.gpu_suite.steps`), runs them in waves under their limits
+within one budget (:mod:`~harness.gpu_suite.runner`) and packs what they left
+into at most eight files (:mod:`~harness.gpu_suite.pack`), whatever
+happened: a failed or stopped step, Ctrl-C, or no GPU at all. Three steps
+are modules of their own, run as ``python -m``: the standalone repros judged
+by the line they print (:mod:`~harness.gpu_suite.repros`), the Nsight
+Compute profile (:mod:`~harness.gpu_suite.profile`) and the probe of NCCL
+with two ranks on one GPU (:mod:`~harness.gpu_suite.nccl_probe`). Every
+table of a run is made from its raw files (:mod:`~harness.gpu_suite.tables`),
+and a run's raw files are filed in the repository, where the pages that
+cite them are checked against them (:mod:`~harness.gpu_suite.evidence`). A machine where the suite
 cannot run (no GPU, a CPU-only torch, no CUDA toolkit) is a failure (exit 3)
 with the reason, never a skip.
 
-Exit status: 0 every step passed; 1 a step failed, timed out or was not run
-for want of budget (``summary.md`` says which, and the records say why);
-3 the suite cannot run here.
+A missing optional input (no apex checkout, no ``ncu``, one GPU where nccl
+needs two) leaves its steps ``not run`` with the reason; the rest runs.
+
+Exit status: 0 every step that could run here passed; 1 a step failed, timed
+out or was not run for want of budget (``summary.md`` says which, and the
+records say why); 3 the suite cannot run here.
 """
 
 from __future__ import annotations
@@ -43,8 +53,30 @@ class SuiteOptions:
     budget_s: float
     work: Optional[Path] = None  # kept when given; else a temporary folder, removed once packed
     apex_src: Optional[Path] = None
-    emulated: Optional[Path] = None
-    repros: tuple[Path, ...] = ()
+    emulated: Optional[Path] = None  # None: the suite makes its own on this machine's CPUs
+    repros: tuple[Path, ...] = ()  # files, or folders whose *.py files are all run
+
+
+def repro_files(paths: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The repro files of ``paths``: a file as it is, a folder's ``*.py`` in name order."""
+    out: list[Path] = []
+    for p in paths:
+        out += sorted(p.resolve().glob("*.py")) if p.is_dir() else [p.resolve()]
+    return tuple(out)
+
+
+def apex_problem(src: Optional[Path]) -> Optional[str]:
+    """Why ``src`` cannot give apex here (not given, not a checkout of a usable commit), or None."""
+    if src is None:
+        return "no apex checkout given (--apex-src)"
+    from harness.errors import UsageError
+    from harness.impls.apex_build import check_checkout
+
+    try:
+        check_checkout(src)
+    except UsageError as exc:
+        return str(exc)
+    return None
 
 
 def tests_folder() -> Optional[Path]:
@@ -55,14 +87,18 @@ def tests_folder() -> Optional[Path]:
 
 def inputs(opts: SuiteOptions, work: Path, machine: dict) -> Inputs:
     """The plan's inputs on this machine (apex's built-extension path is known before it is built)."""
-    apex_path = None
-    if opts.apex_src:
+    apex_path, apex_missing = None, apex_problem(opts.apex_src)
+    apex_src = opts.apex_src if apex_missing is None else None
+    if apex_src:
         from harness.impls.apex_build import build_dir, pythonpath
 
-        apex_path = pythonpath(opts.apex_src, build_dir(opts.apex_src.resolve(), machine_mod.archs(machine)))
+        apex_path = pythonpath(apex_src, build_dir(apex_src.resolve(), machine_mod.archs(machine)))
+    emulated = opts.emulated if opts.emulated and opts.emulated.is_dir() else None
+    nccl = tuple(machine["nccl"]) if machine.get("nccl") else None
     return Inputs(work=work, arch=machine_mod.archs(machine) or "<arch of this GPU>", gpus=len(machine["gpus"]),
-                  python=sys.executable, tests=tests_folder(), apex_src=opts.apex_src, apex_pythonpath=apex_path,
-                  emulated=opts.emulated, repros=opts.repros)
+                  python=sys.executable, tests=tests_folder(), apex_src=apex_src, apex_pythonpath=apex_path,
+                  apex_missing=apex_missing, emulated=emulated, repros=repro_files(opts.repros),
+                  ncu=machine.get("ncu"), nccl=nccl)
 
 
 class _Console:
@@ -83,10 +119,6 @@ class _Console:
 
 def run_suite(opts: SuiteOptions) -> int:
     """Run the suite into ``opts.out`` (see the module docstring); its exit status."""
-    if opts.apex_src:
-        from harness.impls.apex_build import check_checkout
-
-        check_checkout(opts.apex_src)
     opts.out.mkdir(parents=True, exist_ok=True)
     clear(opts.out)
     echo = _Console(opts.out / "console.txt")
@@ -103,11 +135,16 @@ def run_suite(opts: SuiteOptions) -> int:
         if reason:
             echo(f"[gpu-suite] cannot run here: {reason}")
             return EXIT_CANNOT_RUN
+        if opts.emulated and not opts.emulated.is_dir():
+            echo(f"[gpu-suite] --emulated {opts.emulated}: no such store; the cpu-emulation records are made here")
         env = {**os.environ, "TORCH_CUDA_ARCH_LIST": machine_mod.archs(machine), "PYTHONUNBUFFERED": "1"}
         env.setdefault("CUDA_HOME", machine["cuda_home"])
-        header = {"date": date, "gpus": machine["gpus"], "torch": machine["torch"]}
-        outcomes = run_steps(plan(inputs(opts, work, machine)), work, env, opts.budget_s, header=header, echo=echo)
-        bad = [o for o in outcomes if not o.ok]
+        header = {"date": date, "gpus": machine["gpus"], "torch": machine["torch"],
+                  "harness_commit": machine["harness"]["commit"], "harness_tree_clean": machine["harness"]["clean"]}
+        steps = plan(inputs(opts, work, machine))
+        planned_out = {s.skip for s in steps if s.skip}  # cannot run on this machine: said, not failed
+        outcomes = run_steps(steps, work, env, opts.budget_s, header=header, echo=echo)
+        bad = [o for o in outcomes if not o.ok and not (o.outcome == "not run" and o.reason in planned_out)]
         echo("[gpu-suite] " + ("every step passed" if not bad else
                                "not passed: " + "; ".join(f"{o.step} ({o.outcome})" for o in bad)))
         return 1 if bad else 0

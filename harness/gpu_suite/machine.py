@@ -1,20 +1,25 @@
-"""The machine the GPU suite runs on, described once: GPUs, driver, torch, CUDA, compiler, CPUs.
+"""The machine the GPU suite runs on, described once: GPUs, driver, torch, NCCL, CUDA, compiler, profiler, CPUs,
+and the harness itself.
 
 :func:`describe` reads torch (device count, names, compute capabilities,
-memory), ``nvidia-smi`` for the driver (absent where there is no driver),
-``nvcc --version`` for the toolkit that builds the kernels, and the
-interpreter. It never fails: a part that cannot be read is ``None``.
+memory, the NCCL it carries), ``nvidia-smi`` for the driver (absent where
+there is no driver), ``nvcc --version`` for the toolkit that builds the
+kernels, where Nsight Compute's ``ncu`` is, the interpreter, and which commit
+of the harness runs (:func:`provenance`). It never fails: a part that cannot
+be read is ``None``.
 :func:`cannot_run` says why the suite cannot run here (no GPU, no CUDA torch),
 naming the fix, or ``None``.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import platform
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 from typing import Optional
 
 
@@ -24,6 +29,54 @@ def _output(argv: list[str]) -> Optional[str]:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+COMMIT_ENV = "SYNCBN_HARNESS_COMMIT"  # where the checkout travels without .git: the commit it was copied from
+CLEAN_ENV = "SYNCBN_HARNESS_TREE_CLEAN"  # "1" when that copy had no uncommitted change, "0" otherwise
+NCU_PLACES = ("/opt/nvidia/nsight-compute/*/ncu", "/usr/local/cuda*/bin/ncu", "/usr/local/cuda*/nsight-compute*/ncu")
+
+
+def provenance(root: Optional[Path] = None) -> dict:
+    """Which commit of the harness runs and whether its tree was clean: from git where the checkout has its
+    ``.git``, else from :data:`COMMIT_ENV` and :data:`CLEAN_ENV` (a copy sent to a lent machine has no ``.git``;
+    the caller sets them), else unknown (``None``)."""
+    root = root or Path(__file__).resolve().parents[2]
+    if (root / ".git").exists():
+        commit = _output(["git", "-C", str(root), "rev-parse", "HEAD"])
+        status = _output(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"])
+        if commit:
+            return {"commit": commit, "clean": status == "", "source": "git"}
+    commit = os.environ.get(COMMIT_ENV)
+    if commit:
+        clean = os.environ.get(CLEAN_ENV)
+        return {"commit": commit, "clean": None if clean is None else clean == "1",
+                "source": f"${COMMIT_ENV}, ${CLEAN_ENV}"}
+    return {"commit": None, "clean": None, "source": f"unknown: no .git here and no ${COMMIT_ENV}"}
+
+
+def find_ncu() -> Optional[str]:
+    """Nsight Compute's command line tool: on PATH, or where CUDA images install it; None if absent."""
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for pattern in NCU_PLACES:
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return hits[-1]
+    return None
+
+
+def nccl_version() -> Optional[list[int]]:
+    """The NCCL version torch carries, as [major, minor, patch]; None without one."""
+    import torch
+
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - a CPU build has no NCCL: unknown, not an error
+        return None
+    if isinstance(v, int):  # old torch: one number, e.g. 2708
+        return [v // 1000, v // 100 % 10, v % 100]
+    return list(v)[:3]
 
 
 def describe() -> dict:
@@ -54,6 +107,9 @@ def describe() -> dict:
         "python_executable": sys.executable,
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
+        "nccl": nccl_version() if torch.version.cuda else None,
+        "ncu": find_ncu(),
+        "harness": provenance(),
     }
 
 

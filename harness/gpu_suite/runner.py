@@ -5,12 +5,18 @@ Protocol:
   its log. Past its limit it gets SIGTERM (harness commands reap their ranks),
   then SIGKILL :data:`~harness.gpu_suite.steps.KILL_AFTER_S` later, to the
   whole group; its outcome is ``timed out``.
-- ``early`` steps start with the first one and are joined at their turn,
-  under their own limit counted from their start.
+- Steps run in waves: a step and the ``with_previous`` steps after it start
+  together and are all joined before the next wave. ``early`` steps start
+  with the first wave and ``starts_with`` steps with the step they name; both
+  are joined at their own turn, under their own limit counted from their
+  start. Before an ``exclusive`` step (one that times something) every step
+  started ahead of its turn is waited for, so nothing else runs beside it.
 - After every step, ``steps.json`` in the work folder is rewritten: a suite
   stopped at any point leaves the outcome of everything that ran.
-- A required step that fails stops the suite; every other step runs even
-  after a failure. A step not started for want of budget is ``not run``.
+- A step is ``not run``, with the reason, when the plan says it cannot run
+  here (``skip``), when a step it ``needs`` did not pass, when a required step
+  failed before it, or when the budget is spent; every other step runs even
+  after a failure.
 - Ctrl-C or SIGTERM to the suite stops the steps in flight the same way
   (their groups get SIGTERM, then SIGKILL) before the exception goes on.
 """
@@ -42,6 +48,7 @@ class Outcome:
     limit_s: int
     log: str
     command: list
+    reason: str = ""  # why a step was not run
 
     @property
     def ok(self) -> bool:
@@ -69,6 +76,14 @@ class _Child:
         except OSError as exc:
             self.proc, self.error = None, exc
             self.log.write(f"could not start {step.argv[0]}: {exc}\n")
+
+    def settle(self) -> None:
+        """Wait for the step to end by itself or reach its deadline (its outcome is taken later, by wait)."""
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=max(0.0, self.t0 + self.limit_s - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
 
     def wait(self) -> Outcome:
         """Wait for the step (to its deadline), stop its group past it; its outcome."""
@@ -110,50 +125,104 @@ class _Child:
                 f.close()
 
 
+def _waves(steps: list[Step]) -> list[list[Step]]:
+    waves: list[list[Step]] = []
+    for step in steps:
+        if step.with_previous and waves:
+            waves[-1].append(step)
+        else:
+            waves.append([step])
+    return waves
+
+
 def run_steps(steps: list[Step], work: Path, env: dict, budget_s: float, *, header: dict,
               cwd: Optional[Path] = None, echo: Callable[[str], None] = print) -> list[Outcome]:
-    """Run ``steps`` in order within ``budget_s``; every outcome, also written to ``work/steps.json``."""
+    """Run ``steps`` (see the module docstring) within ``budget_s``; every outcome, in plan order, also written to
+    ``work/steps.json``."""
     deadline = time.monotonic() + budget_s
     outcomes: list[Outcome] = []
-    started: dict[str, _Child] = {}  # early steps not joined yet
-    current: list[_Child] = []  # the step being waited for
+    by_name: dict[str, Outcome] = {}
+    ahead: dict[str, _Child] = {}  # started ahead of their turn (early, starts_with), not joined yet
+    current: list[_Child] = []  # the wave being waited for
+    failed_required: list[str] = []
 
     def record(o: Outcome) -> None:
         outcomes.append(o)
+        by_name[o.step] = o
         (work / "steps.json").write_text(json.dumps({**header, "budget_s": budget_s,
                                                      "steps": [asdict(x) for x in outcomes]}, indent=2))
+        tail = f": {o.reason}" if o.reason else ""
         echo(f"[gpu-suite] {o.step}: {o.outcome}" + (f" (exit {o.exit})" if o.exit not in (0, None) else "")
-             + f" in {o.seconds:.0f}s of {o.limit_s}s")
+             + (f" in {o.seconds:.0f}s of {o.limit_s}s" if o.outcome != NOT_RUN else tail))
+
+    def not_run(step: Step, reason: str) -> Outcome:
+        return Outcome(step.name, NOT_RUN, None, 0.0, 0, step.log, list(step.argv), reason)
+
+    def why_not(step: Step) -> str:
+        """Why ``step`` cannot start now (its budget aside), or ''."""
+        if step.skip:
+            return step.skip
+        if failed_required and not step.closing:
+            return f"the required step {failed_required[0]} failed"
+        for need in step.needs:
+            got = by_name.get(need)
+            if got is not None and not got.ok:
+                return f"{need} did not pass ({got.outcome})"
+        return ""
+
+    def start(step: Step) -> Optional[_Child]:
+        """Start ``step`` under its share of the budget; None when none is left."""
+        limit = step_limit(step, deadline - time.monotonic())
+        if not limit:
+            return None
+        echo(f"[gpu-suite] {step.name}: started (at most {limit}s)")
+        return _Child(step, work, env, limit, cwd)
+
+    def start_ahead(trigger: Optional[str]) -> None:
+        for step in steps:
+            if step.name in ahead or step.name in by_name:
+                continue
+            if (trigger is None and step.early) or (trigger is not None and step.starts_with == trigger):
+                if not why_not(step):
+                    child = start(step)
+                    if child is not None:
+                        ahead[step.name] = child
 
     try:
-        for step in (s for s in steps if s.early):
-            started[step.name] = _Child(step, work, env, step.limit_s, cwd)
-            echo(f"[gpu-suite] {step.name}: started early")
-        failed_required = False
-        for step in steps:
-            if failed_required and not step.closing:
-                child = started.pop(step.name, None)
-                if child:
-                    child.stop()
-                    child.close()
-                record(Outcome(step.name, NOT_RUN, None, 0.0, 0, step.log, list(step.argv)))
-                continue
-            child = started.pop(step.name, None)
-            if child is None:
-                limit = step_limit(step, deadline - time.monotonic())
-                if not limit:
-                    record(Outcome(step.name, NOT_RUN, None, 0.0, 0, step.log, list(step.argv)))
+        start_ahead(None)
+        for wave in _waves(steps):
+            planned: list[tuple[Step, object]] = []  # (step, child or the reason it is not run)
+            for step in wave:
+                reason = why_not(step)
+                child = ahead.pop(step.name, None)
+                if reason:
+                    if child is not None:
+                        child.stop()
+                        child.close()
+                    planned.append((step, reason))
                     continue
-                echo(f"[gpu-suite] {step.name}: started (at most {limit}s)")
-                child = _Child(step, work, env, limit, cwd)
-            current[:] = [child]
-            outcome = child.wait()
-            current.clear()
-            record(outcome)
-            if step.required and not outcome.ok:
-                failed_required = True
+                if child is None:
+                    if step.exclusive:
+                        for other in ahead.values():
+                            other.settle()
+                    child = start(step)
+                if child is None:
+                    planned.append((step, "the suite's time budget was spent"))
+                    continue
+                current.append(child)
+                planned.append((step, child))
+                start_ahead(step.name)
+            for step, child in planned:
+                if isinstance(child, str):
+                    record(not_run(step, child))
+                    continue
+                outcome = child.wait()
+                current.remove(child)
+                record(outcome)
+                if step.required and not outcome.ok:
+                    failed_required.append(step.name)
     finally:
-        for child in [*current, *started.values()]:
+        for child in [*current, *ahead.values()]:
             child.stop()
             child.close()
     return outcomes

@@ -27,37 +27,87 @@ def inputs(tmp_path, **kw):
 
 def test_the_steps_come_in_order_of_value(tmp_path):
     steps = plan(inputs(tmp_path, apex_src=tmp_path / "apex", apex_pythonpath="A:B", emulated=tmp_path / "emu",
-                        repros=(tmp_path / "r1.py", tmp_path / "r2.py")))
+                        repros=(tmp_path / "r1.py", tmp_path / "r2.py"), ncu="/opt/ncu", nccl=(2, 28, 9)))
     names = [s.name for s in steps]
-    assert names == ["build-kernels", "build-apex", "pytest -m cuda", "bench kernels", "layer cases, gloo",
-                     "layer cases, gloo, apex", "training systems, gloo", "repro r1.py", "repro r2.py", "fidelity",
-                     "report"]
+    assert names == ["build-kernels", "build-apex", "pytest -m cuda", "bench kernels", "ncu profile",
+                     "layer cases, gloo", "layer cases, gloo, apex", "repros", "nccl two ranks on one GPU",
+                     "training systems, gloo", "training systems, gloo, apex", "compile cases, gloo",
+                     "layer cases, nccl", "cuda-graph family, nccl", "fidelity", "report"]
     by = {s.name: s for s in steps}
     assert by["build-kernels"].required and by["build-kernels"].argv[-2:] == ("--cuda-arch", "9.0")
     assert by["build-apex"].early  # needs no GPU: it compiles while the reference kernels do
     assert by["report"].closing
-    assert by["repro r1.py"].ok_exits == (0, 1)  # a repro's exit 1 is its verdict, not a failed step
+    assert by["bench kernels"].exclusive and by["ncu profile"].exclusive  # they time things: alone on the machine
+    # Two waves side by side: the layer cases with apex's, the repros and the NCCL probe; the training systems
+    # with apex's and the compile cases.
+    assert [n for n in names if by[n].with_previous] == ["layer cases, gloo, apex", "repros",
+                                                         "nccl two ranks on one GPU", "training systems, gloo, apex",
+                                                         "compile cases, gloo", "cuda-graph family, nccl"]
+    assert by["nccl two ranks on one GPU"].ok_exits == (0, 1)  # a refusal is an answer, not a failed step
     run = by["layer cases, gloo"].argv
     assert run[:3] == ("py", "-m", "harness") and "--no-diagnose" in run
     assert run[run.index("--device") + 1] == "cuda" and run[run.index("--backend") + 1] == "gloo"
     assert run[run.index("--store") + 1] == str(tmp_path / "work" / "results")
     assert "--scenario" in run and "compile/*" not in run  # inductor's CUDA compiles do not fit the budget
-    assert by["layer cases, gloo, apex"].env == {"PYTHONPATH": "A:B"}
+    for apex in ("layer cases, gloo, apex", "training systems, gloo, apex"):
+        assert by[apex].env == {"PYTHONPATH": "A:B"} and by[apex].needs == ("build-apex",)
+    assert by["repros"].argv[by["repros"].argv.index("--apex-path") + 1] == "A:B"  # apex's files find apex
+    assert by["repros"].argv[-2:] == (str(tmp_path / "r1.py"), str(tmp_path / "r2.py"))
     assert by["bench kernels"].stdout == "bench.json"
     assert "--impl" in by["fidelity"].argv and str(tmp_path / "emu") in by["fidelity"].argv
+    assert "cpu-emulation" not in names  # brought along: not made again
     assert len({s.log for s in steps}) == len(steps) and all("/" not in s.log for s in steps)
+    assert not [s.name for s in steps if s.skip and s.name not in ("layer cases, nccl", "cuda-graph family, nccl")]
 
 
-def test_nccl_and_cuda_graph_steps_need_two_gpus(tmp_path):
-    one = [s.name for s in plan(inputs(tmp_path))]
-    two = [s.name for s in plan(inputs(tmp_path, gpus=2))]
-    assert not any("nccl" in n for n in one)
-    assert "layer cases, nccl" in two and "cuda-graph family, nccl" in two
-    assert "build-apex" not in one and "fidelity" not in one  # only with an apex checkout, emulated records
+def test_what_cannot_run_here_is_planned_as_not_run_with_the_reason(tmp_path):
+    """No apex checkout, no ncu, one GPU with an NCCL that refuses two ranks on it: said, and the rest runs."""
+    steps = plan(inputs(tmp_path, apex_missing="--apex-src /x: not an apex checkout", nccl=(2, 28, 9)))
+    by = {s.name: s for s in steps}
+    skipped = {s.name: s.skip for s in steps if s.skip}
+    assert set(skipped) == {"build-apex", "layer cases, gloo, apex", "training systems, gloo, apex", "ncu profile",
+                            "layer cases, nccl", "cuda-graph family, nccl"}
+    assert skipped["build-apex"] == skipped["layer cases, gloo, apex"] == "--apex-src /x: not an apex checkout"
+    assert "ncu" in skipped["ncu profile"]
+    assert "NCCL 2.28.9" in skipped["layer cases, nccl"] and "NCCL_MULTI_RANK_GPU_ENABLE" in skipped[
+        "layer cases, nccl"]
+    assert not by["nccl two ranks on one GPU"].skip  # the probe runs: the refusal is the evidence
+    # cpu-emulation of the same cases on this machine's CPUs (the same torch build), started with the layer wave
+    emu = by["cpu-emulation"]
+    assert emu.starts_with == "layer cases, gloo" and "--prepare-emulated" in emu.argv
+    assert by["fidelity"].needs == ("cpu-emulation",) and str(tmp_path / "work" / "emulated") in by["fidelity"].argv
+    assert [s.name for s in steps].index("cpu-emulation") < [s.name for s in steps].index("fidelity")
 
 
-def test_an_installed_copy_without_tests_skips_pytest(tmp_path):
-    assert "pytest -m cuda" not in [s.name for s in plan(inputs(tmp_path, tests=None))]
+def test_nccl_families_run_with_a_gpu_per_rank(tmp_path):
+    two = {s.name: s for s in plan(inputs(tmp_path, gpus=2, nccl=(2, 28, 9)))}
+    assert not two["layer cases, nccl"].skip and not two["cuda-graph family, nccl"].skip
+
+
+def test_an_installed_copy_without_tests_does_not_run_pytest(tmp_path):
+    by = {s.name: s for s in plan(inputs(tmp_path, tests=None))}
+    assert "no tests/ folder" in by["pytest -m cuda"].skip
+
+
+def test_the_compile_cases_exist_and_cover_three_backends():
+    from harness import catalog
+    from harness.gpu_suite.steps import COMPILE_CASES
+
+    cases = catalog.select(list(COMPILE_CASES))
+    assert [c.id for c in cases] == list(COMPILE_CASES)
+    assert {c.id.split("/")[2] for c in cases} == {"eager", "aot_eager", "inductor"}
+
+
+def test_a_folder_of_repros_runs_every_file_in_it(tmp_path):
+    from harness.gpu_suite import repro_files
+
+    (tmp_path / "b.py").write_text("")
+    (tmp_path / "a.py").write_text("")
+    (tmp_path / "notes.md").write_text("")
+    one = tmp_path / "x" / "c.py"
+    one.parent.mkdir()
+    one.write_text("")
+    assert repro_files((tmp_path, one)) == (tmp_path / "a.py", tmp_path / "b.py", one)
 
 
 def test_the_budget_always_leaves_time_for_the_report(tmp_path):
@@ -75,6 +125,7 @@ def test_plan_prints_the_steps_and_runs_nothing(tmp_path):
     assert proc.returncode == 0, proc.stderr
     for name in ("build-kernels", "pytest -m cuda", "bench kernels", "layer cases, gloo", "report"):
         assert any(line.startswith(name + " (") for line in proc.stdout.splitlines()), proc.stdout
+    assert "build-apex (not run: no apex checkout given (--apex-src))" in proc.stdout
     assert not (tmp_path / "out").exists()
 
 

@@ -103,3 +103,58 @@ def test_sigterm_to_the_suite_stops_the_step_and_its_children(tmp_path):
         time.sleep(0.1)
     assert not alive(grandchild), "the step's child outlived the suite"
     assert [s["step"] for s in json.loads((tmp_path / "steps.json").read_text())["steps"]] == ["ok"]
+
+
+def test_a_wave_runs_side_by_side_and_the_next_waits_for_it(tmp_path):
+    """Three 2 s steps in one wave take about 2 s, not 6; the next wave starts only once all three ended."""
+    stamp = tmp_path / "stamps"
+    steps = [sh("a", f"sleep 2; date +%s.%N >> {stamp}"),
+             sh("b", f"sleep 2; date +%s.%N >> {stamp}", with_previous=True),
+             sh("c", f"sleep 2; date +%s.%N >> {stamp}", with_previous=True),
+             sh("d", f"date +%s.%N >> {stamp}")]
+    t0 = time.monotonic()
+    out = run_steps(steps, tmp_path, dict(os.environ), 300, header={}, echo=lambda _: None)
+    assert time.monotonic() - t0 < 5.5
+    assert [o.outcome for o in out] == [PASSED] * 4 and [o.step for o in out] == ["a", "b", "c", "d"]
+    times = [float(x) for x in stamp.read_text().split()]
+    assert times[-1] >= max(times[:3])  # d wrote last: after the whole wave
+
+
+def test_a_step_starts_with_another_and_is_joined_at_its_turn(tmp_path):
+    steps = [sh("first", "sleep 1"), sh("trigger", "sleep 2"), sh("between", "sleep 1"),
+             sh("companion", "sleep 2; echo done", starts_with="trigger")]
+    t0 = time.monotonic()
+    out = run_steps(steps, tmp_path, dict(os.environ), 300, header={}, echo=lambda _: None)
+    assert time.monotonic() - t0 < 5.5  # 1 + 2 + 1, the companion's 2 s hidden under trigger and between
+    assert [(o.step, o.outcome) for o in out] == [("first", PASSED), ("trigger", PASSED), ("between", PASSED),
+                                                  ("companion", PASSED)]
+    assert (tmp_path / "logs" / "companion.txt").read_text() == "done\n"
+
+
+def test_an_exclusive_step_waits_for_the_early_ones(tmp_path):
+    """A benchmark never shares the machine with a build still running from the start."""
+    stamp = tmp_path / "stamps"
+    steps = [sh("quick", "true"), sh("build", f"sleep 2; echo build $(date +%s.%N) >> {stamp}", early=True),
+             sh("bench", f"echo bench $(date +%s.%N) >> {stamp}", exclusive=True)]
+    out = run_steps(steps, tmp_path, dict(os.environ), 300, header={}, echo=lambda _: None)
+    assert [o.outcome for o in out] == [PASSED] * 3
+    seen = dict(line.split() for line in stamp.read_text().splitlines())
+    assert float(seen["bench"]) >= float(seen["build"])
+
+
+def test_steps_that_cannot_run_say_why_and_the_rest_runs(tmp_path):
+    steps = [sh("build-apex", "exit 1", early=True), sh("tests", "true"),
+             sh("apex cases", "echo never", needs=("build-apex",)),
+             sh("profile", "echo never", skip="no Nsight Compute (ncu) on this machine"),
+             sh("cases", "true"), sh("report", "true", closing=True)]
+    lines = []
+    out = run_steps(steps, tmp_path, dict(os.environ), 300, header={}, echo=lines.append)
+    got = {o.step: (o.outcome, o.reason) for o in out}
+    assert got["build-apex"][0] == FAILED and got["tests"] == (PASSED, "") and got["cases"] == (PASSED, "")
+    assert got["apex cases"] == (NOT_RUN, "build-apex did not pass (failed)")
+    assert got["profile"] == (NOT_RUN, "no Nsight Compute (ncu) on this machine")
+    assert not (tmp_path / "logs" / "apex cases.txt").exists()
+    recorded = json.loads((tmp_path / "steps.json").read_text())["steps"]
+    assert [s["reason"] for s in recorded if s["outcome"] == NOT_RUN] == ["build-apex did not pass (failed)",
+                                                                          "no Nsight Compute (ncu) on this machine"]
+    assert "[gpu-suite] profile: not run: no Nsight Compute (ncu) on this machine" in lines
