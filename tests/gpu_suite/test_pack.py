@@ -41,7 +41,10 @@ def test_a_failed_and_a_stopped_step_still_leave_every_file(tmp_path):
     assert all(NAME.match(n) and (out / n).is_file() and (out / n).stat().st_size < 16 * 2**20 for n in names)
     summary = (out / "summary.md").read_text()
     assert "| bad | failed | 4 |" in summary and "| slow | timed out |" in summary
-    assert "| reference (-) | 1 | 1 | 0 |" in summary  # the store's record, counted by status
+    assert "| reference (-) | gloo | 1 | 1 | 0 |" in summary  # the store's record, counted by status
+    rows = (out / "records.csv").read_text().splitlines()
+    assert rows[0].startswith("case,family,impl,mode,device,backend,status,known,worst_ratio")
+    assert rows[1].startswith("numerics/offset-1e3/ws2,numerics,reference,,cpu,gloo,pass,,") and len(rows) == 2
     with tarfile.open(out / "suite.tar.gz") as tar:
         members = tar.getnames()
     assert "gpu-suite/logs/bad.txt" in members and "gpu-suite/steps.json" in members
@@ -52,4 +55,5 @@ def test_packing_an_empty_work_folder_says_so(tmp_path):
     (tmp_path / "work").mkdir()
     pack(tmp_path / "work", tmp_path / "out", None, "today")
     summary = (tmp_path / "out" / "summary.md").read_text()
-    assert "no GPU" in summary and "not run" in summary and "no records" in summary
+    assert "no machine.json" in summary and "no steps ran" in summary and "no records" in summary
+    assert "## CUDA kernel tests (`pytest -m cuda`)\n\nnot run" in summary

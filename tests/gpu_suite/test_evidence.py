@@ -1,0 +1,139 @@
+"""A GPU run's raw files filed in the repository, and every table a page cites re-derived from them.
+
+Design: a work folder made by real parts (a real `run` on CPU into a store, steps run by the runner, the repro
+and NCCL-probe modules run as they run on a GPU machine), packed as the suite packs it, filed as a developer
+files it; then pages citing its tables are checked, edited and refreshed. The last test holds
+docs/gpu-results.md to the runs filed in docs/gpu-runs/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from cli_here import run_here
+
+from harness.errors import UsageError
+from harness.gpu_suite import evidence, nccl_probe, repros, tables
+from harness.gpu_suite.pack import pack
+from harness.gpu_suite.runner import run_steps
+from harness.gpu_suite.steps import Step
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = [{"shape": "N2 C64 2-D float32", "dtype": "float32", "layout": "contiguous", "shape_dims": [2, 64],
+          "ops": {op: {"reference_ms": 0.01, "torch_ms": 0.01, "reference_over_torch": r} for op, r in
+                  zip(tables.BENCH_OPS, (0.9, 1.0, 1.1, 1.15, 1.19))},
+          "copy_gbps": 1000.0, "stats_gbps": 700.0, "stats_over_copy_bandwidth": 0.7, "reference_over_torch": 1.1,
+          "sequence_over_torch": 1.05},
+         {"shape": "N16 C256 56x56 float16 channels_last", "dtype": "float16", "layout": "channels_last",
+          "shape_dims": [16, 256, 56, 56],
+          "ops": {op: {"reference_ms": 0.1, "torch_ms": 0.1, "reference_over_torch": 1.3} for op in tables.BENCH_OPS},
+          "copy_gbps": 3000.0, "stats_gbps": 900.0, "stats_over_copy_bandwidth": 0.3, "reference_over_torch": 1.3,
+          "sequence_over_torch": 1.3}]
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    """What a GPU machine sends back, made here by the same parts."""
+    base = tmp_path_factory.mktemp("run")
+    work, out = base / "work", base / "out"
+    work.mkdir()
+    proc = run_here(["run", "--device", "cpu", "--impl", "reference", "--case", "numerics/offset-1e3/ws2",
+                     "--store", str(work / "results")])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    shows = base / "shows.py"
+    shows.write_text("import sys\nprint('SYMPTOM SHOWS (mismatch): off | by 1')\nsys.exit(1)\n")
+    assert repros.main(["--out", str(work / "repros.json"), "--logs", str(work / "logs" / "repros"),
+                        str(shows)]) == 0
+    nccl_probe.main(["--out", str(work / "nccl-probe.json")])
+    (work / "fidelity.md").write_text("torch: 3 cases compared, 3 agree, 0 disagree (0 emulated only, 0 native "
+                                      "only)\n")
+    steps = [Step("bench kernels", ("sh", "-c", f"echo '{json.dumps(BENCH)}'"), "bench.txt", 10, stdout="bench.json"),
+             Step("ncu profile", ("true",), "ncu.txt", 10, skip="no Nsight Compute (ncu) on this machine")]
+    run_steps(steps, work, dict(os.environ), 300, header={"gpus": []}, echo=lambda _: None)
+    machine = {"gpus": [{"name": "NVIDIA H200", "capability": "9.0", "memory_gib": 139.8, "multiprocessors": 132}],
+               "torch": "2.11.0+cu130", "torch_git": "70d99e998b49aa", "torch_cuda": "13.0", "nccl": [2, 28, 9],
+               "harness": {"commit": "abc123", "clean": True, "source": "git"}}
+    out.mkdir()
+    (out / "console.txt").write_text("[gpu-suite] what the suite printed\n")  # the suite's own, beside the pack
+    pack(work, out, machine, "2026-11-28 20:00 UTC")
+    return out
+
+
+def test_a_packed_run_is_filed_with_its_raw_files_and_calls(packed, tmp_path):
+    into = tmp_path / "docs" / "gpu-runs" / "2026-11-28-h200"
+    evidence.file_run(packed, into, ["bash .ci/gpu-suite.sh $OUT --repro docs/findings"])
+    names = sorted(p.relative_to(into).as_posix() for p in into.rglob("*") if p.is_file())
+    assert names == ["bench.json", "calls.md", "console.txt", "fidelity.md", "machine.json", "nccl-probe.json",
+                     "records.csv", "repro-logs/shows.txt", "repros.json", "steps.json", "summary.md"]
+    assert "bash .ci/gpu-suite.sh $OUT --repro docs/findings" in (into / "calls.md").read_text()
+    assert json.loads((into / "machine.json").read_text())["harness"]["commit"] == "abc123"
+    with pytest.raises(UsageError, match="already holds files"):
+        evidence.file_run(packed, into, [])  # a filed run is never overwritten
+    with pytest.raises(UsageError, match="not a packed GPU run"):
+        evidence.file_run(tmp_path, tmp_path / "elsewhere", [])
+
+
+def test_every_table_is_made_from_the_raw_files(packed, tmp_path):
+    evidence.file_run(packed, tmp_path / "filed", [])
+    packed = tmp_path / "filed"
+    assert "| NVIDIA H200 (sm 9.0, 139.8 GiB, 132 SMs) |" in tables.render("machine", packed)
+    assert "commit abc123 (clean tree; from git)" in tables.render("machine", packed)
+    assert "| ncu profile | not run |  | 0 | 0 | no Nsight Compute (ncu) on this machine |" in tables.render(
+        "steps", packed)
+    assert "| reference (-) | gloo | 1 | 1 |" in tables.render("records", packed)
+    bench = tables.render("bench", packed)
+    assert "| N2 C64 2-D float32 | 0.90 | 1.00 | 1.10 | 1.15 | 1.19 | 1.05 | 0.70 (700 of 1000 GB/s) | yes |" in bench
+    assert "met on 1 of 2 shapes; worst op ratio 1.30" in bench
+    assert "| `shows.py` | shows | 1 |" in tables.render("repros", packed)
+    assert "off \\| by 1" in tables.render("repros", packed)  # a pipe in what a file printed stays in its cell
+    assert tables.render("nccl", packed).startswith("not probed")  # no GPU here
+    with pytest.raises(KeyError, match="one of machine, steps"):
+        tables.render("benchmark", packed)
+
+
+def test_a_page_citing_a_run_is_checked_and_refreshed(packed, tmp_path):
+    root = tmp_path
+    evidence.file_run(packed, root / "runs" / "r1", [])
+    page = root / "page.md"
+    body = tables.render("bench", root / "runs" / "r1")
+    page.write_text(f"# Results\n\n<!-- table: runs/r1 bench -->\n{body}\n<!-- end table -->\n\nprose\n\n"
+                    f"<!-- table: runs/r1 records -->\nstale\n<!-- end table -->\n")
+    assert evidence.check_page(page, root) == ["page.md: table records of runs/r1 differs from its raw files"]
+    assert evidence.refresh_page(page, root) == 1
+    assert evidence.check_page(page, root) == []
+    page.write_text(page.read_text().replace("0.90 |", "0.80 |"))  # a figure edited by hand
+    assert evidence.check_page(page, root) == ["page.md: table bench of runs/r1 differs from its raw files"]
+    page.write_text(page.read_text().replace("runs/r1 bench", "runs/gone bench"))
+    assert "cites runs/gone, which does not exist" in evidence.check_page(page, root)[0]
+
+
+def test_the_command_files_a_run_and_checks_a_page(packed, tmp_path):
+    into = tmp_path / "filed"
+    proc = run_here(["gpu-evidence", str(packed), "--into", str(into), "--call", "one", "--call", "two"])
+    assert proc.returncode == 0, proc.stderr
+    assert "1.\n\n```\none\n```" in (into / "calls.md").read_text()
+    page = tmp_path / "page.md"
+    page.write_text(f"<!-- table: {into} steps -->\nold\n<!-- end table -->\n")
+    proc = run_here(["gpu-evidence", "--check", str(page)])
+    assert proc.returncode == 1 and "differs from its raw files" in proc.stderr
+    assert run_here(["gpu-evidence", "--refresh", str(page)]).returncode == 0
+    assert run_here(["gpu-evidence", "--check", str(page)]).returncode == 0
+    assert run_here(["gpu-evidence"]).returncode == 2
+
+
+def test_gpu_results_cites_every_filed_run_and_agrees_with_its_files():
+    """docs/gpu-results.md's tables are those of the raw files in docs/gpu-runs/, each run cited at least once."""
+    page = ROOT / "docs" / "gpu-results.md"
+    filed = ROOT / "docs" / "gpu-runs"
+    runs = sorted(p for p in filed.iterdir() if p.is_dir()) if filed.is_dir() else []
+    assert runs, "no GPU run is filed in docs/gpu-runs/"
+    cited = {run for run, _, _ in evidence.blocks(page.read_text())}
+    assert {f"docs/gpu-runs/{r.name}" for r in runs} <= cited
+    for run in runs:
+        for name in ("summary.md", "steps.json", "machine.json", "calls.md"):
+            assert (run / name).is_file(), f"{run.name} lacks {name}"
+        assert json.loads((run / "machine.json").read_text())["harness"]["commit"], f"{run.name}: no harness commit"
+    assert evidence.check_page(page, ROOT) == []
