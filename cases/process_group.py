@@ -5,6 +5,10 @@ Catches:
   over the whole world instead of the subgroup (pytorch#38874, redone as
   pytorch#43861; mmcv#427; apex#90 added the argument);
 - the world size taken from the default group instead of the subgroup;
+- a collective issued in a group of one process, where there is nothing to
+  synchronize (torch's ``need_sync`` is ``world_size > 1``; ``>= 1`` would
+  gather from itself): every rank's collectives are checked, and an empty
+  batch alone in its group is the case where such a gather changes results;
 - ``convert_sync_batchnorm`` (or apex's ``convert_syncbn_model``) on a nested
   model that resets ``requires_grad`` (pytorch#22569), drops the training flag
   of a module in eval mode (pytorch#111998), loses parameters or buffers, or
@@ -24,6 +28,8 @@ def cases() -> list[Case]:
              spatial=((2, 3),) * 4, groups=((0, 2), (1, 3)), steps=("train", "train")),
         Case(id=f"{FAMILY}/split-0-12/ws3", family=FAMILY, batch_sizes=(4, 2, 3),
              spatial=((3, 2),) * 3, groups=((0,), (1, 2))),
+        Case(id=f"{FAMILY}/split-empty-0-12/ws3", family=FAMILY, batch_sizes=(0, 2, 3),
+             spatial=((3, 2),) * 3, groups=((0,), (1, 2)), steps=("train", "train", "eval")),
         Case(id=f"{FAMILY}/convert-nested/ws2", family=FAMILY, batch_sizes=(3, 2), spatial=((4, 3),) * 2,
              model="nested", steps=("train", "eval")),
         Case(id=f"{FAMILY}/convert-nested-subgroup/ws4", family=FAMILY, batch_sizes=(2, 1, 3, 2),

@@ -9,7 +9,8 @@ rules hold for every SyncBN, whatever its implementation:
 - **a group's collectives stay in the group** (:func:`group_checks`, on each
   rank): in a case with process subgroups, a rank issues no collective over
   ranks outside its own group (an implementation that ignores its
-  ``process_group`` in one of its collectives);
+  ``process_group`` in one of its collectives), and a rank alone in its group
+  issues none at all: there is nothing to synchronize;
 - **every rank of a group says the same thing** (:func:`first_divergence`, in
   the parent): the i-th collective a rank issues over a group has the same op,
   dtype and element count on every rank of that group. The first place where
@@ -63,6 +64,12 @@ def group_checks(case, rank: int, calls: list[dict]) -> list[tuple[str, Metric]]
     if not case.groups:
         return []
     mine = next((sorted(g) for g in case.groups if rank in g), None)
+    if mine is not None and len(mine) == 1 and calls:
+        c = calls[0]
+        return [("collectives.group", Metric.failure(
+            f"rank {rank} is alone in its group and still issued {len(calls)} collective(s), first {describe(c)} "
+            f"over ranks {c.get('group')} (step {c.get('step')}): a group of one process has nothing to "
+            "synchronize"))]
     for i, c in enumerate(calls):
         if c.get("group") and c["group"] != mine:
             return [("collectives.group", Metric.failure(

@@ -256,6 +256,14 @@ class CachedCount(TextbookSyncBN):
         super().update_running(mean, var, self._first_count, factor)
 
 
+class SyncsAlone(TextbookSyncBN):
+    """Synchronizes in a group of one process too (torch's ``need_sync`` written ``world_size >= 1``): the
+    results are right, and a collective is issued where there is nothing to synchronize."""
+
+    def reduce(self, t):
+        return diff_all_reduce(t, group=self.group())
+
+
 class EvalSyncs(TextbookSyncBN):
     """In eval, averages the running statistics over the ranks first, "to keep replicas consistent": a
     collective in evaluation, which hangs validation on one rank (pytorch#48988)."""
@@ -406,6 +414,9 @@ COLLECTIVE_DEFECTS = {
                                "[0, 1], step 0)"),
     IgnoresGroupOnce: ("process-group/pairs-02-13/ws4", "mismatch",
                        "(all_reduce float64[8], step 0) went over ranks [0, 1, 2, 3], not the case's group"),
+    SyncsAlone: ("process-group/split-empty-0-12/ws3", "mismatch",
+                 "rank 0 is alone in its group and still issued 8 collective(s), first all_reduce float64[9] over "
+                 "ranks [0] (step 0): a group of one process has nothing to synchronize"),
 }
 
 

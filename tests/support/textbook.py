@@ -45,6 +45,8 @@ class TextbookSyncBN(_BatchNorm):
         self.num_batches_tracked.add_(1)
 
     def reduce(self, t):
+        if dist.get_world_size(self.group()) == 1:  # a group of one has nothing to synchronize
+            return t
         return diff_all_reduce(t, group=self.group())
 
     def batch_stats(self, x, dims):
