@@ -163,3 +163,29 @@ def test_the_training_systems_are_every_default_non_layer_family_but_compile():
     chosen = catalog.select(cases, scenarios=scenarios)
     want = [c for c in catalog.select() if c.scenario != "layer" and c.family != "compile"]
     assert {c.id for c in chosen} == {c.id for c in want} and want
+
+
+def test_every_harness_command_of_the_plan_parses_with_this_cli(tmp_path):
+    """A step whose command line this CLI refuses would only show on the GPU machine, as a failed step."""
+    import click
+
+    from harness.commands import cli, load_commands
+
+    load_commands()
+    (tmp_path / "apex").mkdir()
+    steps = plan(inputs(tmp_path, apex_src=tmp_path / "apex", apex_pythonpath="A", repros=(tmp_path / "r.py",),
+                        ncu="/opt/ncu", nccl=(2, 30, 1), gpus=2))
+    checked = 0
+    for step in steps:
+        if step.argv[1:3] != ("-m", "harness"):
+            continue
+        command = cli.commands[step.argv[3]]
+        with click.Context(command) as ctx:  # parsing only: nothing runs
+            command.parse_args(ctx, list(step.argv[4:]))
+        checked += 1
+    assert checked >= 12
+    modules = [s.argv[2] for s in steps if s.argv[1] == "-m" and s.argv[2].startswith("harness.gpu_suite.")]
+    assert sorted(modules) == ["harness.gpu_suite.nccl_probe", "harness.gpu_suite.profile",
+                               "harness.gpu_suite.repros"]
+    for name in modules:  # the suite's own modules exist and have a main
+        assert callable(__import__(name, fromlist=["main"]).main)
