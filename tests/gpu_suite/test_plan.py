@@ -172,7 +172,8 @@ def test_every_harness_command_of_the_plan_parses_with_this_cli(tmp_path):
     from harness.commands import cli, load_commands
 
     load_commands()
-    (tmp_path / "apex").mkdir()
+    for made_by_earlier_steps in ("apex", "work/emulated", "work/results"):
+        (tmp_path / made_by_earlier_steps).mkdir(parents=True)
     steps = plan(inputs(tmp_path, apex_src=tmp_path / "apex", apex_pythonpath="A", repros=(tmp_path / "r.py",),
                         ncu="/opt/ncu", nccl=(2, 30, 1), gpus=2))
     checked = 0
