@@ -102,6 +102,16 @@ inline void check_welford_rows(const at::Tensor& gathered) {
               gathered.scalar_type());
 }
 
+// welford_finish: one [2C+1] float64 row from welford_stats or welford_merge. Returns C.
+inline int64_t check_welford_row(const at::Tensor& merged) {
+  TORCH_CHECK(merged.dim() == 1 && merged.size(0) % 2 == 1,
+              "syncbn_ref: welford_finish expects one [2*C+1] row from welford_stats or welford_merge, got ",
+              text(merged.sizes()));
+  TORCH_CHECK(merged.scalar_type() == at::kDouble, "syncbn_ref: welford_finish expects a float64 row, got ",
+              merged.scalar_type());
+  return (merged.size(0) - 1) / 2;
+}
+
 inline void check_total(double total) {
   TORCH_CHECK(total > 0, "syncbn_ref: the global element count must be positive, got ", text(total));
 }

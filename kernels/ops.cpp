@@ -15,7 +15,10 @@
 //    computed with chunked two-pass sums merged by Chan's formula, all in
 //    float64, packed as one 1-D tensor [count, mean_0..mean_{C-1},
 //    m2_0..m2_{C-1}] so that a single all_gather moves them, and the float64
-//    merge of the gathered rows (rows with count 0 contribute nothing).
+//    merge of the gathered rows (rows with count 0 contribute nothing), and
+//    welford_finish: from a merged row, the mean and invstd the forward
+//    normalizes with, and the running statistics updated in place (unbiased
+//    variance), on the device: the forward reads no count on the host.
 //
 // Kernels live in cpu/ (TORCH_LIBRARY_IMPL(syncbn_ref, CPU)) and cuda/
 // (TORCH_LIBRARY_IMPL(syncbn_ref, CUDA)).
@@ -40,4 +43,7 @@ TORCH_LIBRARY(syncbn_ref, m) {
       "Tensor count) -> Tensor");
   m.def("welford_stats(Tensor input) -> Tensor");
   m.def("welford_merge(Tensor gathered) -> Tensor");
+  m.def(
+      "welford_finish(Tensor merged, Tensor(a!)? running_mean, Tensor(b!)? running_var, float momentum, "
+      "float eps) -> (Tensor, Tensor)");
 }

@@ -65,6 +65,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 #include <vector>
 
@@ -1045,6 +1046,37 @@ Tensor welford_merge(const Tensor& gathered) {
   return out;
 }
 
+// Mean and invstd from a merged row [count, mean[C], M2[C]], and the running statistics updated in
+// place with the unbiased variance. The same ATen operations, in the same order, as the reference
+// module's forward used before this op existed, so its CPU results are unchanged bit for bit.
+// count < 1 (every rank empty): mean 0, invstd 1, running statistics kept. count 1 (the module
+// refuses it before calling this; the CUDA kernel cannot raise under graph capture): NaN, kept.
+std::tuple<Tensor, Tensor> welford_finish(const Tensor& merged, const c10::optional<Tensor>& running_mean,
+                                          const c10::optional<Tensor>& running_var, double momentum, double eps) {
+  const int64_t C = common::check_welford_row(merged);
+  const double n = merged.select(0, 0).item<double>();  // a CPU tensor: no device sync
+  const Tensor mean = merged.narrow(0, 1, C);
+  const Tensor m2 = merged.narrow(0, 1 + C, C);
+  if (!(n >= 2)) {
+    if (n < 1) return {at::zeros_like(mean), at::ones_like(m2)};
+    return {at::full_like(mean, std::numeric_limits<double>::quiet_NaN()),
+            at::full_like(m2, std::numeric_limits<double>::quiet_NaN())};
+  }
+  Tensor invstd = at::rsqrt(m2 / n + eps);
+  if (running_mean.has_value() && running_mean->defined()) {
+    Tensor rm = *running_mean;
+    check_channels(rm.numel(), C, "running_mean");
+    rm.copy_((rm.to(at::kDouble) * (1 - momentum) + mean * momentum).view(rm.sizes()));
+  }
+  if (running_var.has_value() && running_var->defined()) {
+    Tensor rv = *running_var;
+    check_channels(rv.numel(), C, "running_var");
+    const Tensor unbiased = m2 / (n - 1);
+    rv.copy_((rv.to(at::kDouble) * (1 - momentum) + unbiased * momentum).view(rv.sizes()));
+  }
+  return {mean.clone(), invstd};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(syncbn_ref, CPU, m) {
@@ -1055,6 +1087,7 @@ TORCH_LIBRARY_IMPL(syncbn_ref, CPU, m) {
   m.impl("batch_norm_backward_elemt", &batch_norm_backward_elemt);
   m.impl("welford_stats", &welford_stats);
   m.impl("welford_merge", &welford_merge);
+  m.impl("welford_finish", &welford_finish);
 }
 
 }  // namespace syncbn_ref

@@ -1,5 +1,6 @@
 // CUDA kernels of the syncbn_ref ops (schemas in ../ops.cpp; the CPU twin,
-// whose semantics these follow op by op, is ../cpu/syncbn_cpu.cpp).
+// whose semantics these follow op by op, is ../cpu/syncbn_cpu.cpp). The design,
+// its reasons and measurements: docs/reference-kernels.md.
 //
 // Design note
 // -----------
@@ -8,54 +9,70 @@
 // output memory formats, and empty-input / zero-count results as the CPU
 // kernels: an empty input gives mean 0 and invstd NaN (0/0), a gathered row
 // with count <= 0 contributes nothing. Outputs live where the CPU code puts
-// them (input's device, or mean's/weight's options where the CPU code uses
-// those). Small per-channel tensors may come from any device and are copied
-// as float64 to the compute device; big tensors (input, grad_out) must be CUDA
-// tensors on one device.
+// them. Big tensors (input, grad_out) must be CUDA tensors on one device;
+// small per-channel tensors (mean, invstd, weight, bias, sums, counts, running
+// statistics) are read and written by the kernels IN THEIR OWN DTYPE (In/Out
+// below): no conversion launches. One from another device is copied first (a
+// host sync: the harness never does that).
 //
-// Layout. Every op makes its inputs contiguous in input.suggest_memory_format()
-// and sees them as [outer][C][inner], like the CPU file:
+// One launch per op (plus a cudaMemsetAsync of a few counters where a channel
+// is split over blocks), and no host sync: batch_norm_backward_elemt sums a
+// CUDA count tensor inside the kernel (a CPU count is summed on the host, where
+// the "count must be positive" check stays); with a CUDA count, a total <= 0
+// gives non-finite gradients, as torch's own kernel does. Every op can be
+// captured in a CUDA graph.
+//
+// Layout. Inputs are made contiguous in input.suggest_memory_format() and
+// seen as [outer][C][inner], like the CPU file:
 //   contiguous:         outer = N,          inner = prod(spatial)
 //   channels_last(_3d): outer = N*spatial,  inner = 1
-// Reductions use one of two kernels, chosen by `inner` with the CPU file's
-// threshold:
-//   * channel kernel (inner >= 16, i.e. NCHW-like): a 2-D grid of
-//     (channel, split); each block walks a contiguous slice of one channel's
-//     outer*inner elements, so neighbouring threads read neighbouring memory.
-//   * row kernel (channels-last, and contiguous input with small inner such as
-//     2-D [N, C]): rows of width C*inner; a 2-D grid of (column tile, row
-//     split), a warp covers 32 adjacent columns of one row (coalesced), the 8
-//     warps of a block stride over rows, and each thread accumulates one column.
-// Both write per-block partials, [split][C][sub-column], which a third kernel
-// (one thread per channel) merges in a fixed order. Split counts depend only on
-// the shape, so results are run-to-run reproducible and the same on every GPU.
+// inner >= 2 ("planes": channel c's data is `outer` contiguous runs of
+// `inner`): reductions run a grid of (channel, split) blocks, each walking a
+// fixed slice of the channel's runs with (run, position) indices advanced
+// incrementally (no per-element division); elementwise ops run tiles of one
+// plane chunk, or of several whole planes, whose per-channel coefficients are
+// computed once per tile into shared memory. inner == 1 ("rows" of C columns:
+// channels-last, 2-D input): a thread owns VEC adjacent columns and strides
+// over rows; a block is (column threads) x (row threads), a grid (column
+// tiles, row splits). Loads are 16 bytes (float: 4, double: 2) or 8 bytes
+// (half, bfloat16: 4) where the pointer and the run length or C allow, scalar
+// otherwise; indices are 32-bit below 2^30 elements (and C <= 2^22, so that no
+// index plus step can overflow), 64-bit above.
 //
-// Precision. Everything accumulates and computes in float64, as on the CPU.
-// The moments use Welford updates per thread and Chan's formula to merge
-// thread, block and split partials, so a large mean offset does not cancel the
-// variance (the CPU uses chunked two-pass sums merged by Chan's formula: same
-// stability, different rounding order). Elementwise ops compute in float64 and
-// round once to the output dtype (through float for half/bfloat16, as the CPU
-// does). FP64 is fast on the sm_80/sm_90 data-centre parts this targets; on
-// consumer GPUs these kernels are slow, which a reference harness accepts.
+// Statistics. Float64 throughout, with no division per element: a thread
+// loads a chunk (U vectors, 8 to 16 elements; U rows of its columns) and
+// accumulates shifted sums s1 = sum(d), s2 = sum(d^2), d = x - K, with K its
+// running mean (the chunk's first value for the first chunk); then
+//   n' = n + k,  mean' = K + s1/n',  M2' = M2 + s2 - s1^2/n'
+// (exact algebra: the chunk merged into (n, mean, M2) by Chan's formula with
+// one division per chunk). A large offset over a small spread costs nothing:
+// d is small. Threads merge with Chan's formula (warp shuffles, then shared
+// memory); a channel split over blocks has each block write its partial, and
+// the last block to finish (a __threadfence + atomic ticket per channel or
+// column tile) merges the partials in split order relative to split 0's mean,
+// as sums (no division on that serial path), and writes the outputs in their
+// final dtype. Splits depend only on the shape: results are the same run to
+// run (and on every GPU).
 //
-// Bit-exactness. Formulas that the CPU file evaluates on the same per-channel
-// inputs (elementwise ops, invstd, gather, merges) use the non-contracting
-// __dadd_rn/__dsub_rn/__dmul_rn intrinsics: nvcc would otherwise fuse a*b+c
-// into an FMA, which the CPU build (x86-64 without FMA) does not, so given
-// identical statistics the elementwise outputs match the CPU bit for bit.
-// Reductions cannot match bitwise (different summation order).
+// Elementwise. x - mean in float64 (mean can be a large offset over a tiny
+// spread), then, like the CPU kernels, the rest in float for
+// float/half/bfloat16 (double for double) with coefficients rounded to that
+// type once per channel: y = (x - mean) * scale + shift, and
+// dx = (dy - grad_mean - (x - mean) * proj) * gscale. Results are within a few
+// roundings of the output dtype of the CPU kernel's, not bit-identical.
 //
-// Host syncs. Exactly one: batch_norm_backward_elemt reads the total count to
-// the host to raise the CPU file's "count must be positive" error.
+// Per-channel formulas that the CPU evaluates on the same inputs (gather,
+// welford_merge, welford_finish) use the non-contracting __dadd_rn /
+// __dmul_rn intrinsics: the CPU build does not fuse them either, so given
+// equal inputs they match bit for bit.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
-// For at::cuda::getCurrentCUDAStream (at::cuda re-exports c10::cuda). Not
-// ATen/cuda/CUDAContext.h: it pulls in cuSPARSE/cuBLAS/cuSOLVER headers, which
-// a bare nvcc toolkit may lack and which nothing here uses.
+// For c10::cuda::getCurrentCUDAStream. Not ATen/cuda/CUDAContext.h: it pulls in
+// cuSPARSE/cuBLAS/cuSOLVER headers, which a bare nvcc toolkit may lack.
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime.h>
 #include <torch/library.h>
 
 #include "../common.h"
@@ -63,28 +80,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
+#include <vector>
 
 namespace syncbn_ref {
 namespace {
 
 using at::Tensor;
-
-// Same threshold as the CPU file: below it one channel's contiguous runs are
-// too short for the channel kernel's reads to coalesce.
-constexpr int64_t kMinInnerForChannelPath = 16;
-// Power of two: the channel kernel's block merge is a halving tree.
-constexpr int kChannelThreads = 256;
-constexpr int kRowThreadsX = 32;  // one warp across adjacent columns
-constexpr int kRowThreadsY = 8;   // warps striding over rows
-// Splits aim at this many blocks per reduction (enough to fill an A100/H100)
-// but never below the minimum work per block, so small inputs use few blocks.
-constexpr int64_t kTargetBlocks = 1024;
-constexpr int64_t kMinElemsPerSplit = 4096;  // channel kernel: >= 16 elements per thread
-constexpr int64_t kMinRowsPerSplit = 128;    // row kernel: >= 16 rows per thread
-constexpr int kMapThreads = 256;
-constexpr int64_t kMaxMapBlocks = 65535;  // grid-stride loop covers the rest
-constexpr int kPerChannelThreads = 128;
-
 using common::acc_type_of;
 using common::check_channels;
 using common::check_grad_shape;
@@ -93,8 +95,23 @@ using common::format_of;
 using common::View;
 using common::view_of;
 
+constexpr int kThreads = 256;               // threads per block (at most) of the big kernels
+constexpr int64_t kMax32 = int64_t{1} << 30;  // 32-bit indices below this many elements...
+constexpr int64_t kMaxC32 = int64_t{1} << 22;  // ...and this many channels
+constexpr int64_t kTargetBlocks = 2048;     // plane reductions: about 2.5 waves of 256-thread blocks on an H100
+constexpr int64_t kTargetRowBlocks = 1024;  // row reductions (each split adds a partial per column)
+constexpr int kMaxPlanesPerTile = 256;
+constexpr int kPerChannelThreads = 128;
+constexpr unsigned kFullMask = 0xffffffffu;
+
 int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
+}
+
+int pow2_at_least(int64_t v, int lo, int hi) {
+  int p = lo;
+  while (p < hi && p < v) p *= 2;
+  return p;
 }
 
 void check_cuda(const Tensor& t, const char* name) {
@@ -107,21 +124,203 @@ void check_same_device(const Tensor& t, const char* name, const Tensor& input) {
               input.device());
 }
 
-// A grid dimension is an unsigned int; x may reach 2^31-1, y at most 65535.
 unsigned int grid_dim(int64_t blocks, int64_t limit, const char* what) {
   TORCH_CHECK(blocks <= limit, "syncbn_ref: ", what, " needs ", common::text(blocks),
               " blocks, more than the CUDA limit ", common::text(limit));
   return static_cast<unsigned int>(blocks);
 }
 
-// A small per-channel tensor (any dtype, any device) as a flat float64 tensor on `dev`.
-Tensor as_doubles(const Tensor& t, at::Device dev) {
-  return t.detach().to(dev, at::kDouble).contiguous().reshape({-1});
+cudaStream_t stream() {
+  return c10::cuda::getCurrentCUDAStream().stream();
 }
 
-// ---------------------------------------------------------------- device numerics
+// ---------------------------------------------------------------- per-channel values in their own dtype
 
-// half/bfloat16 widen through float, exactly as the CPU file's to_d.
+enum Kind : int { kF64 = 0, kF32, kF16, kBF16, kI64, kI32, kI16, kI8, kU8, kBool };
+
+int kind_of(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return kF64;
+    case at::kFloat: return kF32;
+    case at::kHalf: return kF16;
+    case at::kBFloat16: return kBF16;
+    case at::kLong: return kI64;
+    case at::kInt: return kI32;
+    case at::kShort: return kI16;
+    case at::kChar: return kI8;
+    case at::kByte: return kU8;
+    case at::kBool: return kBool;
+    default: return -1;
+  }
+}
+
+bool writable_kind(int k) {
+  return k >= kF64 && k <= kBF16;
+}
+
+// A per-channel input read as double (half/bfloat16 through float, exactly); p == nullptr reads `fallback`.
+struct In {
+  const void* p;
+  int64_t stride;
+  int kind;
+  double fallback;
+  __device__ __forceinline__ double operator[](int64_t i) const {
+    if (p == nullptr) return fallback;
+    const int64_t k = i * stride;
+    switch (kind) {
+      case kF64: return static_cast<const double*>(p)[k];
+      case kF32: return static_cast<double>(static_cast<const float*>(p)[k]);
+      case kF16: return static_cast<double>(static_cast<float>(static_cast<const at::Half*>(p)[k]));
+      case kBF16: return static_cast<double>(static_cast<float>(static_cast<const at::BFloat16*>(p)[k]));
+      case kI64: return static_cast<double>(static_cast<const int64_t*>(p)[k]);
+      case kI32: return static_cast<double>(static_cast<const int32_t*>(p)[k]);
+      case kI16: return static_cast<double>(static_cast<const int16_t*>(p)[k]);
+      case kI8: return static_cast<double>(static_cast<const int8_t*>(p)[k]);
+      case kU8: return static_cast<double>(static_cast<const uint8_t*>(p)[k]);
+      default: return static_cast<const bool*>(p)[k] ? 1.0 : 0.0;
+    }
+  }
+};
+
+// A per-channel output written from double in its dtype (half/bfloat16 rounded through float, as
+// the CPU's conversions do); p == nullptr writes nothing.
+struct Out {
+  void* p;
+  int64_t stride;
+  int kind;
+  __device__ __forceinline__ void set(int64_t i, double v) const {
+    if (p == nullptr) return;
+    const int64_t k = i * stride;
+    switch (kind) {
+      case kF64: static_cast<double*>(p)[k] = v; break;
+      case kF32: static_cast<float*>(p)[k] = static_cast<float>(v); break;
+      case kF16: static_cast<at::Half*>(p)[k] = at::Half(static_cast<float>(v)); break;
+      default: static_cast<at::BFloat16*>(p)[k] = at::BFloat16(static_cast<float>(v)); break;
+    }
+  }
+};
+
+constexpr In kNoIn{nullptr, 1, kF64, 0.0};
+constexpr Out kNoOut{nullptr, 1, kF64};
+
+// The one stride that walks every element of t, or -1 where there is none.
+int64_t flat_stride(const Tensor& t) {
+  if (t.numel() <= 1 || t.is_contiguous()) return 1;
+  int64_t stride = -1, dims = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) != 1) {
+      ++dims;
+      stride = t.stride(d);
+    }
+  }
+  return dims == 1 ? stride : -1;
+}
+
+// Tensors made here for a launch (moved, converted, made contiguous): alive until the launch is queued.
+using Keep = std::vector<Tensor>;
+
+In in_of(const Tensor& t, at::Device dev, Keep& keep, double fallback = 0.0) {
+  Tensor u = t.detach();
+  if (u.device() != dev) u = u.to(dev);
+  if (kind_of(u.scalar_type()) < 0) u = u.to(at::kDouble);
+  int64_t stride = flat_stride(u);
+  if (stride < 0) {
+    u = u.contiguous();
+    stride = 1;
+  }
+  keep.push_back(u);
+  return In{u.data_ptr(), stride, kind_of(u.scalar_type()), fallback};
+}
+
+In in_of(const c10::optional<Tensor>& t, at::Device dev, Keep& keep, double fallback) {
+  if (!t.has_value() || !t->defined()) return In{nullptr, 1, kF64, fallback};
+  return in_of(*t, dev, keep, fallback);
+}
+
+// A [C] result the kernel writes in its final dtype and place where it can; else into float64 on the
+// compute device, converted after the launch (an output dtype with no writer, or another device).
+struct Result {
+  Tensor value;    // what the op returns
+  Tensor staging;  // float64 on the compute device, where used
+  Out out;
+};
+
+Result result_of(int64_t C, const at::TensorOptions& opts, at::Device dev) {
+  Result r;
+  const int kind = kind_of(c10::typeMetaToScalarType(opts.dtype()));
+  if (opts.device() == dev && writable_kind(kind)) {
+    r.value = at::empty({C}, opts);
+    r.out = Out{r.value.data_ptr(), 1, kind};
+  } else {
+    r.staging = at::empty({C}, at::TensorOptions().device(dev).dtype(at::kDouble));
+    r.out = Out{r.staging.data_ptr(), 1, kF64};
+  }
+  return r;
+}
+
+Tensor finish(Result& r, const at::TensorOptions& opts) {
+  if (r.staging.defined()) r.value = r.staging.to(opts);
+  return r.value;
+}
+
+// A tensor updated in place (running statistics): read and written in its dtype where it can be.
+struct InPlace {
+  Tensor target, staging;
+  In in;
+  Out out;
+};
+
+InPlace in_place_of(const Tensor& t, at::Device dev) {
+  InPlace r;
+  r.target = t;
+  const int kind = kind_of(t.scalar_type());
+  const int64_t stride = flat_stride(t);
+  Tensor w = t;
+  if (t.device() != dev || !writable_kind(kind) || stride < 0) {
+    r.staging = t.detach().to(dev, at::kDouble).contiguous();
+    w = r.staging;
+  }
+  const int k = kind_of(w.scalar_type());
+  const int64_t s = r.staging.defined() ? 1 : stride;
+  r.in = In{w.data_ptr(), s, k, 0.0};
+  r.out = Out{w.data_ptr(), s, k};
+  return r;
+}
+
+void commit(InPlace& r) {
+  if (r.staging.defined()) r.target.copy_(r.staging.view(r.target.sizes()));
+}
+
+// ---------------------------------------------------------------- element access
+
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+template <int N, typename T, typename I>
+__device__ __forceinline__ Pack<T, N> load_pack(const T* __restrict__ p, I i) {
+  return reinterpret_cast<const Pack<T, N>*>(p)[i];
+}
+
+template <int N, typename T, typename I>
+__device__ __forceinline__ void store_pack(T* __restrict__ p, I i, const Pack<T, N>& v) {
+  reinterpret_cast<Pack<T, N>*>(p)[i] = v;
+}
+
+// Elements per vector access: 16 bytes of float, 8 of half/bfloat16 (a thread's state per column
+// costs registers), 1 double (double input is for correctness, not speed).
+template <typename T>
+constexpr int kVecOf = std::is_same<T, double>::value ? 1 : 4;
+
+// Accesses a thread keeps in flight per step: about 64 bytes over its `tensors` inputs, 2 to 8.
+template <typename T, int VEC, int tensors>
+constexpr int kUnrollOf = std::max(2, std::min(8, 64 / (VEC * static_cast<int>(sizeof(T)) * tensors)));
+
+template <typename T>
+using compute_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
+
+// half/bfloat16 widen through float, exactly.
 template <typename T>
 __device__ __forceinline__ double to_d(T v) {
   return static_cast<double>(static_cast<float>(v));
@@ -131,20 +330,948 @@ __device__ __forceinline__ double to_d<double>(double v) {
   return v;
 }
 
-// Rounds through float for half/bfloat16, as the CPU's static_cast<T>(double) does.
 template <typename T>
-__device__ __forceinline__ T from_d(double v) {
-  return static_cast<T>(static_cast<float>(v));
+__device__ __forceinline__ compute_t<T> to_e(T v) {
+  return static_cast<compute_t<T>>(v);
 }
-template <>
-__device__ __forceinline__ double from_d<double>(double v) {
+
+// Rounds to nearest even (c10's float -> half/bfloat16), as the CPU kernels' stores.
+template <typename T>
+__device__ __forceinline__ T from_e(compute_t<T> v) {
+  return static_cast<T>(v);
+}
+
+// ---------------------------------------------------------------- merging
+
+// (count, mean, M2), or (count, s1, s2) relative to a shared centre.
+struct Mom {
+  double n, a, b;
+};
+
+struct Two {
+  double a, b;
+};
+
+__device__ __forceinline__ Mom shfl_down(const Mom& m, int off) {
+  return {__shfl_down_sync(kFullMask, m.n, off), __shfl_down_sync(kFullMask, m.a, off),
+          __shfl_down_sync(kFullMask, m.b, off)};
+}
+
+__device__ __forceinline__ Two shfl_down(const Two& m, int off) {
+  return {__shfl_down_sync(kFullMask, m.a, off), __shfl_down_sync(kFullMask, m.b, off)};
+}
+
+// Chan's parallel merge of (n, mean, M2) states.
+struct Chan {
+  __device__ __forceinline__ void operator()(Mom& x, const Mom& y) const {
+    if (y.n <= 0) return;
+    if (x.n <= 0) {
+      x = y;
+      return;
+    }
+    const double n = x.n + y.n;
+    const double delta = y.a - x.a;
+    const double frac = y.n / n;
+    x.a += delta * frac;
+    x.b += y.b + delta * delta * (x.n * frac);
+    x.n = n;
+  }
+};
+
+struct Add {
+  __device__ __forceinline__ void operator()(Mom& x, const Mom& y) const {
+    x.n += y.n;
+    x.a += y.a;
+    x.b += y.b;
+  }
+  __device__ __forceinline__ void operator()(Two& x, const Two& y) const {
+    x.a += y.a;
+    x.b += y.b;
+  }
+};
+
+// Lane 0 ends with the merge of the warp's 32 values, in a fixed tree order.
+template <typename S, typename M>
+__device__ __forceinline__ S warp_reduce(S v, M merge) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) merge(v, shfl_down(v, off));
   return v;
 }
 
-// Chan's parallel merge of (n, mean, m2) with (nb, meanb, m2b); the CPU
-// formula term by term, without FMA contraction.
-__device__ __forceinline__ void chan_merge(double& n, double& mean, double& m2, double nb, double meanb,
-                                           double m2b) {
+// Thread 0 ends with the merge of the (1-D, whole-warp) block's values, in a fixed order. Callers
+// separate two uses of `smem` by a __syncthreads().
+template <typename S, typename M>
+__device__ __forceinline__ S block_reduce(S v, S* smem, M merge) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_reduce(v, merge);
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < warps ? smem[lane] : S{};
+    v = warp_reduce(v, merge);
+  }
+  return v;
+}
+
+// The last block of a group of `blocks` to call this (every thread calls it, after its block's
+// partial is in memory) gets true. The counter is zero before the group starts (a memset) and is
+// left zero again.
+__device__ __forceinline__ bool last_of(unsigned int* counter, unsigned int blocks, bool* flag, int tid) {
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    const unsigned int ticket = atomicAdd(counter, 1u);
+    *flag = ticket == blocks - 1;
+    if (*flag) *counter = 0;
+  }
+  __syncthreads();
+  if (*flag) __threadfence();
+  return *flag;
+}
+
+// ---------------------------------------------------------------- reduction outputs
+
+// Moments of a channel: a welford_stats row [count, mean[C], M2[C]], or batch_norm_stats's mean and invstd.
+struct MomentsOut {
+  double* row;  // welford_stats; null for batch_norm_stats
+  Out mean, invstd;
+  int64_t C;
+  double eps;
+  __device__ __forceinline__ void write(int64_t c, double n, double mean_v, double m2) const {
+    if (row != nullptr) {
+      row[1 + c] = mean_v;
+      row[1 + C + c] = m2;
+      if (c == 0) row[0] = n;
+    } else {
+      mean.set(c, mean_v);
+      invstd.set(c, 1.0 / ::sqrt(m2 / n + eps));  // an empty input: 0/0, NaN, as on the CPU
+    }
+  }
+};
+
+// batch_norm_backward_reduce's four outputs (each optional).
+struct GradOut {
+  Out sum_dy, sum_dy_xmu, grad_weight, grad_bias;
+  In invstd;
+  __device__ __forceinline__ void write(int64_t c, double s, double sx) const {
+    sum_dy.set(c, s);
+    sum_dy_xmu.set(c, sx);
+    if (grad_weight.p != nullptr) grad_weight.set(c, sx * invstd[c]);
+    grad_bias.set(c, s);
+  }
+};
+
+// M2 += s2 - s1 * q, never below 0 by rounding (a NaN stays NaN).
+__device__ __forceinline__ double nonneg(double v) {
+  return v < 0.0 ? 0.0 : v;
+}
+
+// ---------------------------------------------------------------- plane reductions (inner >= 2)
+
+// The per-thread work of a plane reduction: `chunk` folds U vectors (offsets in vectors; slots with
+// ok false repeat a valid offset and are ignored) into the thread's state.
+template <typename T, int VEC, typename I>
+struct PlaneMoments {
+  static constexpr int kU = kUnrollOf<T, VEC, 1>;
+  using State = Mom;
+  using Merge = Chan;
+  const T* __restrict__ x;
+  MomentsOut out;
+
+  __device__ __forceinline__ double begin(int64_t) const { return 0.0; }
+  __device__ __forceinline__ void chunk(Mom& st, double, const I (&off)[kU], const bool (&ok)[kU]) const {
+    Pack<T, VEC> v[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) v[u] = load_pack<VEC>(x, off[u]);
+    int k = 0;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) k += ok[u] ? VEC : 0;
+    if (st.n == 0) st.a = to_d(v[0].v[0]);  // slot 0 is always valid
+    const double K = st.a;
+    double s1 = 0, s2 = 0;
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const double d = ok[u] ? to_d(v[u].v[j]) - K : 0.0;
+        s1 += d;
+        s2 = fma(d, d, s2);
+      }
+    const double n = st.n + static_cast<double>(k);
+    const double q = s1 / n;
+    st.a = K + q;
+    st.b += nonneg(s2 - s1 * q);
+    st.n = n;
+  }
+  __device__ __forceinline__ void write(int64_t c, const Mom& m) const { out.write(c, m.n, m.a, m.b); }
+  // Split partials as (n, s1, s2) relative to split 0's mean K: sums, no division on the serial path.
+  __device__ __forceinline__ Mom split_sums(const Mom* parts, int splits, int tid, int nthreads) const {
+    const double K = __ldcg(&parts[0].a);
+    Mom acc{0.0, 0.0, 0.0};
+    for (int s = tid; s < splits; s += nthreads) {
+      const double n = __ldcg(&parts[s].n), d = __ldcg(&parts[s].a) - K;
+      acc.n += n;
+      acc.a = fma(n, d, acc.a);
+      acc.b += __ldcg(&parts[s].b) + n * d * d;
+    }
+    return acc;
+  }
+  __device__ __forceinline__ void write_sums(int64_t c, const Mom& s, const Mom* parts) const {
+    const double K = __ldcg(&parts[0].a), q = s.a / s.n;
+    out.write(c, s.n, K + q, nonneg(s.b - s.a * q));
+  }
+};
+
+template <typename T, int VEC, typename I>
+struct PlaneGrads {
+  static constexpr int kU = kUnrollOf<T, VEC, 2>;
+  using State = Two;
+  using Merge = Add;
+  const T* __restrict__ x;
+  const T* __restrict__ dy;
+  In mean;
+  GradOut out;
+
+  __device__ __forceinline__ double begin(int64_t c) const { return mean[c]; }
+  __device__ __forceinline__ void chunk(Two& st, double m, const I (&off)[kU], const bool (&ok)[kU]) const {
+    Pack<T, VEC> xv[kU], gv[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      xv[u] = load_pack<VEC>(x, off[u]);
+      gv[u] = load_pack<VEC>(dy, off[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const double g = ok[u] ? to_d(gv[u].v[j]) : 0.0;
+        const double xm = ok[u] ? to_d(xv[u].v[j]) - m : 0.0;
+        st.a += g;
+        st.b = fma(g, xm, st.b);
+      }
+  }
+  __device__ __forceinline__ void write(int64_t c, const Two& t) const { out.write(c, t.a, t.b); }
+  __device__ __forceinline__ Two split_sums(const Two* parts, int splits, int tid, int nthreads) const {
+    Two acc{0.0, 0.0};
+    for (int s = tid; s < splits; s += nthreads) {
+      acc.a += __ldcg(&parts[s].a);
+      acc.b += __ldcg(&parts[s].b);
+    }
+    return acc;
+  }
+  __device__ __forceinline__ void write_sums(int64_t c, const Two& t, const Two*) const { out.write(c, t.a, t.b); }
+};
+
+// Grid (C, splits). Block (c, s) folds vectors [s*split_v, (s+1)*split_v) of channel c's
+// outer*inner_v vectors (vector e is position e % inner_v of run e / inner_v, at
+// (run*C + c)*inner_v + position); its threads take every blockDim-th vector, U at a time.
+template <typename P, typename I>
+__global__ void __launch_bounds__(kThreads) plane_reduce_kernel(P p, I C, I inner_v, I len_v, I split_v,
+                                                                typename P::State* partials,
+                                                                unsigned int* counters) {
+  using S = typename P::State;
+  constexpr int U = P::kU;
+  __shared__ S warp_states[kThreads / 32];
+  __shared__ bool is_last;
+  const I c = static_cast<I>(blockIdx.x);
+  const I bd = static_cast<I>(blockDim.x);
+  const double m = p.begin(c);
+  S st{};
+  const I start = static_cast<I>(blockIdx.y) * split_v;
+  const I end = start + split_v < len_v ? start + split_v : len_v;
+  I e = start + static_cast<I>(threadIdx.x);
+  if (e < end) {
+    I run = e / inner_v;
+    I pos = e - run * inner_v;
+    I off = (run * C + c) * inner_v + pos;
+    const I step_run = bd / inner_v, step_pos = bd - step_run * inner_v;
+    const I jump = step_run * C * inner_v + step_pos;  // to the same position blockDim vectors on
+    const I wrap = (C - 1) * inner_v;                   // and across one more run's boundary
+    while (true) {
+      I offs[U];
+      bool ok[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        ok[u] = e < end;
+        offs[u] = off;  // past the end: the last valid offset again
+        e += bd;
+        if (e < end) {
+          off += jump;
+          pos += step_pos;
+          if (pos >= inner_v) {
+            pos -= inner_v;
+            off += wrap;
+          }
+        }
+      }
+      p.chunk(st, m, offs, ok);
+      if (e >= end) break;
+    }
+  }
+  st = block_reduce(st, warp_states, typename P::Merge{});
+  if (gridDim.y == 1) {
+    if (threadIdx.x == 0) p.write(c, st);
+    return;
+  }
+  S* parts = partials + static_cast<int64_t>(c) * gridDim.y;
+  if (threadIdx.x == 0) parts[blockIdx.y] = st;
+  if (!last_of(counters + c, gridDim.y, &is_last, threadIdx.x)) return;
+  S acc = p.split_sums(parts, gridDim.y, threadIdx.x, blockDim.x);
+  acc = block_reduce(acc, warp_states, Add{});
+  if (threadIdx.x == 0) p.write_sums(c, acc, parts);
+}
+
+// ---------------------------------------------------------------- row reductions (inner == 1)
+
+// A thread's state over VEC columns lives in `words` doubles in shared memory between the phases;
+// `chunk` folds U rows (offsets in vectors of VEC columns) into registers.
+template <typename T, int VEC, typename I>
+struct RowMoments {
+  // At most 4 rows: the loaded rows stay live over the VEC columns' updates (registers).
+  static constexpr int kVec = VEC, kU = std::min(4, kUnrollOf<T, VEC, 1>), kWords = 1 + 2 * VEC, kPartWords = 2;
+  static constexpr int kMinBlocks = 1;  // forcing 5 or 6 blocks per SM spilled the column state (measured by ptxas)
+  struct State {
+    double n;
+    double mean[VEC], m2[VEC];
+  };
+  const T* __restrict__ x;
+  MomentsOut out;
+
+  __device__ __forceinline__ void begin(State& st, int64_t) const {
+    st.n = 0;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) st.mean[j] = st.m2[j] = 0;
+  }
+  __device__ __forceinline__ void chunk(State& st, const I (&off)[kU], const bool (&ok)[kU]) const {
+    Pack<T, VEC> v[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) v[u] = load_pack<VEC>(x, off[u]);
+    int k = 0;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) k += ok[u] ? 1 : 0;
+    const bool first = st.n == 0;
+    const double n = st.n + static_cast<double>(k);
+    const double inv = 1.0 / n;  // one division for the VEC columns
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const double K = first ? to_d(v[0].v[j]) : st.mean[j];
+      double s1 = 0, s2 = 0;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const double d = ok[u] ? to_d(v[u].v[j]) - K : 0.0;
+        s1 += d;
+        s2 = fma(d, d, s2);
+      }
+      const double q = s1 * inv;
+      st.mean[j] = K + q;
+      st.m2[j] += nonneg(s2 - s1 * q);
+    }
+    st.n = n;
+  }
+  __device__ __forceinline__ void save(const State& st, double* w) const {
+    w[0] = st.n;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      w[1 + j] = st.mean[j];
+      w[1 + VEC + j] = st.m2[j];
+    }
+  }
+  // w <- w merged with w2 (Chan's formula; the columns share their count).
+  __device__ __forceinline__ void merge(double* w, const double* w2) const {
+    const double na = w[0], nb = w2[0];
+    if (nb <= 0) return;
+    if (na <= 0) {
+      for (int i = 0; i < kWords; ++i) w[i] = w2[i];
+      return;
+    }
+    const double n = na + nb, frac = nb / n, cross = na * frac;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const double delta = w2[1 + j] - w[1 + j];
+      w[1 + j] += delta * frac;
+      w[1 + VEC + j] += w2[1 + VEC + j] + delta * delta * cross;
+    }
+    w[0] = n;
+  }
+  __device__ __forceinline__ void write(int64_t col0, const double* w) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.write(col0 + j, w[0], w[1 + j], w[1 + VEC + j]);
+  }
+  // Partials: (mean, M2) per column and split; a split's count is its number of rows.
+  __device__ __forceinline__ void save_part(double* part, const double* w) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      part[2 * j] = w[1 + j];
+      part[2 * j + 1] = w[1 + VEC + j];
+    }
+  }
+  // w <- (n, s1[VEC], s2[VEC]) of splits first, first + step, ... relative to split 0's means.
+  __device__ __forceinline__ void split_sums(double* w, const double* parts, int64_t split_words, int first,
+                                             int step, int splits, int64_t rows, int64_t rows_per_split) const {
+    double n = 0, s1[VEC], s2[VEC], K[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      s1[j] = s2[j] = 0;
+      K[j] = __ldcg(parts + 2 * j);
+    }
+    for (int s = first; s < splits; s += step) {
+      const int64_t r0 = s * rows_per_split;
+      const double ns = static_cast<double>(std::min(rows, r0 + rows_per_split) - r0);
+      const double* part = parts + s * split_words;
+      n += ns;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const double d = __ldcg(part + 2 * j) - K[j];
+        s1[j] = fma(ns, d, s1[j]);
+        s2[j] += __ldcg(part + 2 * j + 1) + ns * d * d;
+      }
+    }
+    w[0] = n;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      w[1 + j] = s1[j];
+      w[1 + VEC + j] = s2[j];
+    }
+  }
+  __device__ __forceinline__ void write_sums(int64_t col0, const double* w, const double* parts) const {
+    const double n = w[0];
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      const double s1 = w[1 + j], q = s1 / n;
+      out.write(col0 + j, n, __ldcg(parts + 2 * j) + q, nonneg(w[1 + VEC + j] - s1 * q));
+    }
+  }
+};
+
+template <typename T, int VEC, typename I>
+struct RowGrads {
+  static constexpr int kVec = VEC, kU = kUnrollOf<T, VEC, 2>, kWords = 2 * VEC, kPartWords = 2;
+  static constexpr int kMinBlocks = 1;  // forcing 5 or 6 blocks per SM spilled the column state (measured by ptxas)
+  struct State {
+    double s[VEC], sx[VEC], mean[VEC];
+  };
+  const T* __restrict__ x;
+  const T* __restrict__ dy;
+  In mean;
+  GradOut out;
+
+  __device__ __forceinline__ void begin(State& st, int64_t col0) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      st.s[j] = st.sx[j] = 0;
+      st.mean[j] = mean[col0 + j];
+    }
+  }
+  __device__ __forceinline__ void chunk(State& st, const I (&off)[kU], const bool (&ok)[kU]) const {
+    Pack<T, VEC> xv[kU], gv[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      xv[u] = load_pack<VEC>(x, off[u]);
+      gv[u] = load_pack<VEC>(dy, off[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const double g = ok[u] ? to_d(gv[u].v[j]) : 0.0;
+        const double xm = ok[u] ? to_d(xv[u].v[j]) - st.mean[j] : 0.0;
+        st.s[j] += g;
+        st.sx[j] = fma(g, xm, st.sx[j]);
+      }
+  }
+  __device__ __forceinline__ void save(const State& st, double* w) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      w[j] = st.s[j];
+      w[VEC + j] = st.sx[j];
+    }
+  }
+  __device__ __forceinline__ void merge(double* w, const double* w2) const {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] += w2[i];
+  }
+  __device__ __forceinline__ void write(int64_t col0, const double* w) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.write(col0 + j, w[j], w[VEC + j]);
+  }
+  __device__ __forceinline__ void save_part(double* part, const double* w) const {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      part[2 * j] = w[j];
+      part[2 * j + 1] = w[VEC + j];
+    }
+  }
+  __device__ __forceinline__ void split_sums(double* w, const double* parts, int64_t split_words, int first,
+                                             int step, int splits, int64_t, int64_t) const {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = 0;
+    for (int s = first; s < splits; s += step) {
+      const double* part = parts + s * split_words;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        w[j] += __ldcg(part + 2 * j);
+        w[VEC + j] += __ldcg(part + 2 * j + 1);
+      }
+    }
+  }
+  __device__ __forceinline__ void write_sums(int64_t col0, const double* w, const double*) const { write(col0, w); }
+};
+
+// Grid (column tiles, row splits), block (bx, by) with by a power of two. Thread (tx, ty) owns
+// columns [col0, col0 + VEC) and folds rows r0 + ty, r0 + ty + by, ... of its split, U at a time.
+// Phases meet in shared memory: the by states of each column group merge in a fixed tree; one
+// split writes its outputs, several write partials [split][C][2] that the tile's last block merges.
+template <typename P, typename I>
+__global__ void __launch_bounds__(kThreads, P::kMinBlocks) row_reduce_kernel(P p, I rows, I C, I rows_per_split,
+                                                              double* partials, unsigned int* counters) {
+  constexpr int VEC = P::kVec, U = P::kU, W = P::kWords;
+  extern __shared__ double words[];
+  __shared__ bool is_last;
+  const int tx = threadIdx.x, ty = threadIdx.y, bx = blockDim.x, by = blockDim.y;
+  const int tid = ty * bx + tx;
+  const I col0 = (static_cast<I>(blockIdx.x) * bx + tx) * VEC;
+  const bool active = col0 < C;
+  const I cv = col0 / VEC, Cv = C / VEC;
+  double* w = words + tid * W;
+  {
+    typename P::State st;
+    p.begin(st, active ? col0 : 0);
+    const I r0 = static_cast<I>(blockIdx.y) * rows_per_split;
+    const I r1 = r0 + rows_per_split < rows ? r0 + rows_per_split : rows;
+    if (active) {
+      for (I r = r0 + ty; r < r1; r += U * by) {
+        I offs[U];
+        bool ok[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const I rr = r + u * by;
+          ok[u] = rr < r1;
+          offs[u] = (ok[u] ? rr : r) * Cv + cv;
+        }
+        p.chunk(st, offs, ok);
+      }
+    }
+    p.save(st, w);
+  }
+  __syncthreads();
+  for (int h = by >> 1; h > 0; h >>= 1) {
+    if (ty < h) p.merge(w, words + (tid + h * bx) * W);
+    __syncthreads();
+  }
+  if (gridDim.y == 1) {
+    if (ty == 0 && active) p.write(col0, w);
+    return;
+  }
+  const int64_t split_words = static_cast<int64_t>(C) * P::kPartWords;
+  if (ty == 0 && active) p.save_part(partials + blockIdx.y * split_words + static_cast<int64_t>(col0) * 2, w);
+  if (!last_of(counters + blockIdx.x, gridDim.y, &is_last, tid)) return;
+  const double* parts = partials + static_cast<int64_t>(col0) * 2;
+  if (active) p.split_sums(w, parts, split_words, ty, by, gridDim.y, rows, rows_per_split);
+  __syncthreads();
+  for (int h = by >> 1; h > 0; h >>= 1) {
+    if (ty < h && active) {
+      const double* w2 = words + (tid + h * bx) * W;
+      for (int i = 0; i < W; ++i) w[i] += w2[i];
+    }
+    __syncthreads();
+  }
+  if (ty == 0 && active) p.write_sums(col0, w, parts);
+}
+
+// An empty input (no element per channel): each channel's outputs from an empty state (mean 0 and
+// M2 0, so invstd 0/0 = NaN; sums 0, so grad_weight 0 * invstd), as on the CPU.
+__device__ __forceinline__ void write_empty(const MomentsOut& out, int64_t c) {
+  out.write(c, 0.0, 0.0, 0.0);
+}
+__device__ __forceinline__ void write_empty(const GradOut& out, int64_t c) {
+  out.write(c, 0.0, 0.0);
+}
+
+template <typename O>
+__global__ void empty_reduce_kernel(O out, int64_t C) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c < C) write_empty(out, c);
+}
+
+// ---------------------------------------------------------------- reduction launches
+
+// Calls f(std::integral_constant<int, VEC>, I{}) with the widest access `vec_ok` allows and the
+// index type the size allows.
+template <typename T, typename F>
+void with_access(bool vec_ok, int64_t numel, int64_t C, F&& f) {
+  if (numel <= kMax32 && C <= kMaxC32) {
+    if constexpr (kVecOf<T> > 1) {
+      if (vec_ok) return f(std::integral_constant<int, kVecOf<T>>{}, int32_t{});
+    }
+    return f(std::integral_constant<int, 1>{}, int32_t{});
+  }
+  f(std::integral_constant<int, 1>{}, int64_t{});
+}
+
+bool aligned(const void* p, int64_t bytes) {
+  return reinterpret_cast<uintptr_t>(p) % bytes == 0;
+}
+
+// Scratch for a channel or column group split over blocks: `words` doubles of partials and `counters`
+// zeroed counters (one memset), from the caching allocator (stream-ordered, capturable).
+struct Scratch {
+  Tensor t;
+  double* partials = nullptr;
+  unsigned int* counters = nullptr;
+};
+
+Scratch scratch_of(int64_t words, int64_t counters, at::Device dev) {
+  Scratch s;
+  const int64_t bytes = words * 8 + counters * 4;
+  s.t = at::empty({bytes}, at::TensorOptions().device(dev).dtype(at::kByte));
+  s.partials = reinterpret_cast<double*>(s.t.data_ptr());
+  s.counters = reinterpret_cast<unsigned int*>(s.partials + words);
+  C10_CUDA_CHECK(cudaMemsetAsync(s.counters, 0, counters * 4, stream()));
+  return s;
+}
+
+// Runs the reduction of `Plane`/`Row` policy over x's [outer][C][inner] view (dy: a second input of
+// the same layout, or null). make_plane(VEC, I) and make_row(VEC, I) build the policies.
+template <typename T, typename O, typename MakePlane, typename MakeRow>
+void reduce(const View& v, const T* x, const T* dy, at::Device dev, const O& empty_out, MakePlane make_plane,
+            MakeRow make_row) {
+  const int64_t C = v.channels, outer = v.outer, inner = v.inner;
+  if (C == 0) return;
+  if (outer == 0 || inner == 0) {
+    const unsigned int blocks = grid_dim(ceil_div(C, kPerChannelThreads), std::numeric_limits<int32_t>::max(),
+                                         "the per-channel grid");
+    empty_reduce_kernel<O><<<blocks, kPerChannelThreads, 0, stream()>>>(empty_out, C);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  const int64_t numel = outer * C * inner;
+  const int64_t vec_bytes = kVecOf<T> * static_cast<int64_t>(sizeof(T));
+  const bool ptrs_ok = aligned(x, vec_bytes) && (dy == nullptr || aligned(dy, vec_bytes));
+  if (inner >= 2) {
+    with_access<T>(ptrs_ok && inner % kVecOf<T> == 0, numel, C, [&](auto vec, auto idx) {
+      constexpr int VEC = decltype(vec)::value;
+      using I = decltype(idx);
+      auto p = make_plane(vec, idx);
+      using P = decltype(p);
+      using S = typename P::State;
+      const int64_t inner_v = inner / VEC, len_v = outer * inner_v;
+      const int threads = pow2_at_least(ceil_div(len_v, P::kU), 32, kThreads);
+      int64_t splits = std::min(ceil_div(kTargetBlocks, C), std::max<int64_t>(1, len_v / (threads * P::kU)));
+      splits = std::min<int64_t>(splits, 65535);
+      const int64_t split_v = ceil_div(len_v, splits);
+      splits = ceil_div(len_v, split_v);
+      Scratch s;
+      if (splits > 1) s = scratch_of(C * splits * (sizeof(S) / 8), C, dev);
+      const dim3 grid(grid_dim(C, std::numeric_limits<int32_t>::max(), "the channel grid"),
+                      static_cast<unsigned int>(splits));
+      plane_reduce_kernel<P, I><<<grid, threads, 0, stream()>>>(
+          p, static_cast<I>(C), static_cast<I>(inner_v), static_cast<I>(len_v), static_cast<I>(split_v),
+          reinterpret_cast<S*>(s.partials), s.counters);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    return;
+  }
+  with_access<T>(ptrs_ok && C % kVecOf<T> == 0, numel, C, [&](auto vec, auto idx) {
+    constexpr int VEC = decltype(vec)::value;
+    using I = decltype(idx);
+    auto p = make_row(vec, idx);
+    using P = decltype(p);
+    const int64_t Cv = C / VEC, rows = outer;
+    const int bx = pow2_at_least(Cv, 1, 32), by = kThreads / bx;
+    const int64_t tiles = ceil_div(Cv, bx);
+    int64_t splits = std::min(ceil_div(kTargetRowBlocks, tiles), std::max<int64_t>(1, rows / (by * P::kU)));
+    splits = std::min<int64_t>(splits, 65535);
+    const int64_t rows_per_split = ceil_div(rows, splits);
+    splits = ceil_div(rows, rows_per_split);
+    Scratch s;
+    if (splits > 1) s = scratch_of(splits * C * P::kPartWords, tiles, dev);
+    const dim3 grid(grid_dim(tiles, std::numeric_limits<int32_t>::max(), "the column grid"),
+                    static_cast<unsigned int>(splits));
+    const size_t smem = sizeof(double) * P::kWords * kThreads;
+    row_reduce_kernel<P, I><<<grid, dim3(bx, by), smem, stream()>>>(
+        p, static_cast<I>(rows), static_cast<I>(C), static_cast<I>(rows_per_split), s.partials, s.counters);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// Per-channel moments of x (contiguous in the format `v` was built for) into `out`.
+void moments(const Tensor& x, const View& v, const MomentsOut& out) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_ref_moments_cuda", [&] {
+    using T = scalar_t;
+    const T* px = x.data_ptr<T>();
+    reduce<T>(
+        v, px, static_cast<const T*>(nullptr), x.device(), out,
+        [&](auto vec, auto idx) { return PlaneMoments<T, decltype(vec)::value, decltype(idx)>{px, out}; },
+        [&](auto vec, auto idx) { return RowMoments<T, decltype(vec)::value, decltype(idx)>{px, out}; });
+  });
+}
+
+// ---------------------------------------------------------------- elementwise
+
+// Coefficients of y = (x - mean) * scale + shift.
+template <typename E>
+struct AffineCoef {
+  double mean;
+  E scale, shift;
+};
+
+template <typename T>
+struct AffineMap {
+  using E = compute_t<T>;
+  using Coef = AffineCoef<E>;
+  static constexpr bool kDy = false;
+  In mean, invstd, weight, bias;
+  In counts;  // unused
+  double host_total;
+  __device__ __forceinline__ Coef coef(int64_t c, double) const {
+    return {mean[c], static_cast<E>(invstd[c] * weight[c]), static_cast<E>(bias[c])};
+  }
+  __device__ __forceinline__ static T apply(T x, T, const Coef& k) {
+    const E d = static_cast<E>(to_d(x) - k.mean);
+    return from_e<T>(d * k.scale + k.shift);
+  }
+};
+
+// Coefficients of dx = (dy - grad_mean - (x - mean) * proj) * gscale.
+template <typename E>
+struct BackwardCoef {
+  double mean;
+  E grad_mean, proj, gscale;
+};
+
+template <typename T>
+struct BackwardMap {
+  using E = compute_t<T>;
+  using Coef = BackwardCoef<E>;
+  static constexpr bool kDy = true;
+  In mean, invstd, weight, sum_dy, sum_dy_xmu;
+  In counts;          // a CUDA count tensor, summed per block; p == nullptr: host_total
+  int64_t n_counts;
+  double host_total;
+  __device__ __forceinline__ Coef coef(int64_t c, double inv_total) const {
+    const double vi = invstd[c];
+    return {mean[c], static_cast<E>(sum_dy[c] * inv_total), static_cast<E>(sum_dy_xmu[c] * inv_total * vi * vi),
+            static_cast<E>(vi * weight[c])};
+  }
+  __device__ __forceinline__ static T apply(T x, T dy, const Coef& k) {
+    const E d = static_cast<E>(to_d(x) - k.mean);
+    return from_e<T>(((to_e(dy) - k.grad_mean) - d * k.proj) * k.gscale);
+  }
+};
+
+// 1 / the total count: the host's, or the CUDA count tensor's entries summed by the whole block (every
+// thread calls this; integers, so the order does not matter).
+template <typename P>
+__device__ __forceinline__ double inv_total_of(const P& p, double* red) {
+  if constexpr (P::kDy) {
+    if (p.counts.p == nullptr) return 1.0 / p.host_total;
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x, nt = blockDim.x * blockDim.y;
+    double s = 0;
+    for (int64_t j = tid; j < p.n_counts; j += nt) s += p.counts[j];
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) s += __shfl_down_sync(kFullMask, s, off);
+    if ((tid & 31) == 0) red[tid >> 5] = s;
+    __syncthreads();
+    if (tid == 0) {
+      double t = 0;
+      for (int i = 0; i < (nt + 31) / 32; ++i) t += red[i];
+      red[32] = 1.0 / t;  // a total <= 0 gives non-finite gradients (as torch's kernel); CPU counts are checked
+    }
+    __syncthreads();
+    return red[32];
+  } else {
+    return 0.0;
+  }
+}
+
+// 32-bit division of small numbers (n, d < 2^11) by a multiply: q = (n * m) >> 22, m = 2^22 / d + 1.
+__device__ __forceinline__ uint32_t small_div(uint32_t n, uint32_t m) {
+  return static_cast<uint32_t>((static_cast<uint64_t>(n) * m) >> 22);
+}
+
+// Elementwise over planes (inner >= 2). Block b is a tile: with G == 1 the vectors
+// [v0, v0 + chunk_v) of plane b / tiles_per_plane, else the G whole planes b*G, ... (at most
+// blockDim * U vectors either way). The tile's coefficients go to shared memory once.
+template <typename P, typename T, int VEC, int U, typename I>
+__global__ void __launch_bounds__(kThreads) plane_map_kernel(P p, const T* __restrict__ x,
+                                                             const T* __restrict__ dy, T* __restrict__ y, I C,
+                                                             I inner_v, I planes, I G, I tiles_per_plane, I chunk_v,
+                                                             uint32_t inner_magic) {
+  using Coef = typename P::Coef;
+  __shared__ double red[33];
+  __shared__ Coef coefs[kMaxPlanesPerTile];
+  const double inv_total = inv_total_of(p, red);
+  const I b = static_cast<I>(blockIdx.x), bd = static_cast<I>(blockDim.x);
+  I p0, base, len, count;
+  if (G == 1) {
+    p0 = b / tiles_per_plane;
+    const I v0 = (b - p0 * tiles_per_plane) * chunk_v;
+    len = inner_v - v0 < chunk_v ? inner_v - v0 : chunk_v;
+    base = p0 * inner_v + v0;
+    count = 1;
+  } else {
+    p0 = b * G;
+    count = planes - p0 < G ? planes - p0 : G;
+    base = p0 * inner_v;
+    len = count * inner_v;
+  }
+  if (static_cast<I>(threadIdx.x) < count) coefs[threadIdx.x] = p.coef((p0 + static_cast<I>(threadIdx.x)) % C, inv_total);
+  __syncthreads();
+  const Coef one = coefs[0];
+  for (I e = static_cast<I>(threadIdx.x); e < len; e += U * bd) {
+    Pack<T, VEC> xv[U], gv[U];
+    I offs[U];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const I eu = e + u * bd;
+      ok[u] = eu < len;
+      offs[u] = base + (ok[u] ? eu : e);
+      xv[u] = load_pack<VEC>(x, offs[u]);
+      if constexpr (P::kDy) gv[u] = load_pack<VEC>(dy, offs[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (!ok[u]) continue;
+      const Coef k = G == 1 ? one : coefs[small_div(static_cast<uint32_t>(e + u * bd), inner_magic)];
+      Pack<T, VEC> out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) out.v[j] = P::apply(xv[u].v[j], P::kDy ? gv[u].v[j] : xv[u].v[j], k);
+      store_pack<VEC>(y, offs[u], out);
+    }
+  }
+}
+
+// Elementwise over rows (inner == 1): thread (tx, ty) of block (bx, by) owns columns
+// [col0, col0 + VEC) and strides over rows. The tile's bx * VEC columns get their coefficients
+// once per block (a thread per column, into shared memory), then each thread holds its own in
+// registers.
+template <typename P, typename T, int VEC, int U, typename I>
+__global__ void __launch_bounds__(kThreads) row_map_kernel(P p, const T* __restrict__ x, const T* __restrict__ dy,
+                                                           T* __restrict__ y, I rows, I C) {
+  using Coef = typename P::Coef;
+  __shared__ double red[33];
+  __shared__ Coef coefs[kThreads];
+  const double inv_total = inv_total_of(p, red);
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const I tile0 = static_cast<I>(blockIdx.x) * blockDim.x * VEC;  // first column of the tile
+  if (tid < static_cast<int>(blockDim.x) * VEC && tile0 + tid < C) coefs[tid] = p.coef(tile0 + tid, inv_total);
+  __syncthreads();
+  const I col0 = tile0 + static_cast<I>(threadIdx.x) * VEC;
+  if (col0 >= C) return;
+  Coef k[VEC];
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) k[j] = coefs[threadIdx.x * VEC + j];
+  const I Cv = C / VEC, cv = col0 / VEC;
+  const I stride = static_cast<I>(blockDim.y) * gridDim.y;
+  for (I r = static_cast<I>(blockIdx.y) * blockDim.y + threadIdx.y; r < rows; r += U * stride) {
+    Pack<T, VEC> xv[U], gv[U];
+    I offs[U];
+    bool ok[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const I rr = r + u * stride;
+      ok[u] = rr < rows;
+      offs[u] = (ok[u] ? rr : r) * Cv + cv;
+      xv[u] = load_pack<VEC>(x, offs[u]);
+      if constexpr (P::kDy) gv[u] = load_pack<VEC>(dy, offs[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (!ok[u]) continue;
+      Pack<T, VEC> out;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) out.v[j] = P::apply(xv[u].v[j], P::kDy ? gv[u].v[j] : xv[u].v[j], k[j]);
+      store_pack<VEC>(y, offs[u], out);
+    }
+  }
+}
+
+// Multiprocessors of the current device (elementwise grids only: their results do not depend on the grid).
+int multiprocessors() {
+  static int cached[64] = {0};
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return 132;
+  if (cached[dev] == 0) {
+    int n = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cached[dev] = n > 0 ? n : 132;
+  }
+  return cached[dev];
+}
+
+// Runs map policy p over x's [outer][C][inner] view into y (dy: null for AffineMap).
+template <typename T, typename P>
+void map(const View& v, const T* x, const T* dy, T* y, const P& p) {
+  const int64_t C = v.channels, outer = v.outer, inner = v.inner;
+  const int64_t numel = outer * C * inner;
+  if (numel == 0) return;
+  const int64_t vec_bytes = kVecOf<T> * static_cast<int64_t>(sizeof(T));
+  const bool ptrs_ok = aligned(x, vec_bytes) && aligned(y, vec_bytes) && (dy == nullptr || aligned(dy, vec_bytes));
+  if (inner >= 2) {
+    with_access<T>(ptrs_ok && inner % kVecOf<T> == 0, numel, C, [&](auto vec, auto idx) {
+      constexpr int VEC = decltype(vec)::value;
+      constexpr int U = kUnrollOf<T, VEC, P::kDy ? 2 : 1>;  // tile = kThreads * U <= 2048 vectors
+      using I = decltype(idx);
+      const int64_t inner_v = inner / VEC, planes = outer * C, tile = int64_t{kThreads} * U;
+      int64_t G = 1, tiles_per_plane = 1, chunk_v = inner_v, blocks;
+      if (inner_v > tile / 2) {
+        tiles_per_plane = ceil_div(inner_v, tile);
+        chunk_v = ceil_div(inner_v, tiles_per_plane);
+        blocks = planes * tiles_per_plane;
+      } else {
+        G = std::min<int64_t>(kMaxPlanesPerTile, tile / inner_v);
+        blocks = ceil_div(planes, G);
+      }
+      // tile <= 2048 and inner_v <= tile / 2 where G > 1: small_div is exact (n, d < 2^11).
+      const uint32_t magic = static_cast<uint32_t>((uint64_t{1} << 22) / static_cast<uint64_t>(inner_v) + 1);
+      const unsigned int grid = grid_dim(blocks, std::numeric_limits<int32_t>::max(), "the plane grid");
+      plane_map_kernel<P, T, VEC, U, I><<<grid, kThreads, 0, stream()>>>(
+          p, x, dy, y, static_cast<I>(C), static_cast<I>(inner_v), static_cast<I>(planes), static_cast<I>(G),
+          static_cast<I>(tiles_per_plane), static_cast<I>(chunk_v), magic);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+    return;
+  }
+  with_access<T>(ptrs_ok && C % kVecOf<T> == 0, numel, C, [&](auto vec, auto idx) {
+    constexpr int VEC = decltype(vec)::value;
+    constexpr int U = std::min(P::kDy ? 2 : 4, kUnrollOf<T, VEC, P::kDy ? 2 : 1>);  // coefficients take registers too
+    using I = decltype(idx);
+    const int64_t Cv = C / VEC, rows = outer;
+    const int bx = pow2_at_least(Cv, 1, 32), by = kThreads / bx;
+    const int64_t tiles = ceil_div(Cv, bx);
+    // 4 to 16 rows per thread: more amortize the coefficients, fewer fill the GPU (4 blocks per SM).
+    const int64_t per_thread = std::max<int64_t>(4, std::min<int64_t>(16, rows * tiles / (int64_t{by} * 4 * multiprocessors())));
+    const int64_t ysplits = std::max<int64_t>(1, std::min<int64_t>(65535, ceil_div(rows, int64_t{by} * per_thread)));
+    const dim3 grid(grid_dim(tiles, std::numeric_limits<int32_t>::max(), "the column grid"),
+                    static_cast<unsigned int>(ysplits));
+    row_map_kernel<P, T, VEC, U, I><<<grid, dim3(bx, by), 0, stream()>>>(p, x, dy, y, static_cast<I>(rows),
+                                                                         static_cast<I>(C));
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// ---------------------------------------------------------------- per-channel kernels
+
+template <typename F>
+__global__ void per_channel_kernel(int64_t C, F f) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c < C) f(c);
+}
+
+template <typename F>
+void launch_per_channel(int64_t C, const F& f) {
+  if (C == 0) return;
+  const unsigned int blocks =
+      grid_dim(ceil_div(C, kPerChannelThreads), std::numeric_limits<int32_t>::max(), "a per-channel grid");
+  per_channel_kernel<F><<<blocks, kPerChannelThreads, 0, stream()>>>(C, f);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Chan's merge with the CPU's operations and rounding (no FMA contraction).
+__device__ __forceinline__ void chan_merge_rn(double& n, double& mean, double& m2, double nb, double meanb,
+                                              double m2b) {
   if (nb <= 0) return;
   if (n <= 0) {
     n = nb;
@@ -160,291 +1287,20 @@ __device__ __forceinline__ void chan_merge(double& n, double& mean, double& m2, 
   n = nt;
 }
 
-// ---------------------------------------------------------------- reductions
-//
-// A reduction op supplies State (plain doubles, so it can live in shared
-// memory and in a float64 scratch tensor), identity(), add() of one element,
-// merge() of two states, and write() of a channel's final state.
-
-struct MomentState {
-  double n;
-  double mean;
-  double m2;
-};
-
-template <typename T>
-struct MomentsOp {
-  using State = MomentState;
-  const T* x;
-  double* mean_out;
-  double* m2_out;
-
-  __device__ static State identity() { return {0.0, 0.0, 0.0}; }
-  // Welford: stable against a large mean offset, one pass over memory.
-  __device__ void add(State& s, int64_t /*channel*/, int64_t idx) const {
-    const double v = to_d(x[idx]);
-    s.n += 1.0;
-    const double d = v - s.mean;
-    s.mean += d / s.n;
-    s.m2 += d * (v - s.mean);
-  }
-  __device__ static void merge(State& a, const State& b) { chan_merge(a.n, a.mean, a.m2, b.n, b.mean, b.m2); }
-  __device__ void write(const State& s, int64_t c) const {
-    mean_out[c] = s.mean;
-    m2_out[c] = s.m2;
-  }
-};
-
-struct GradSumState {
-  double s;
-  double sx;
-};
-
-template <typename T>
-struct GradSumsOp {
-  using State = GradSumState;
-  const T* x;
-  const T* dy;
-  const double* mean;
-  double* sum_dy_out;
-  double* sum_dy_xmu_out;
-
-  __device__ static State identity() { return {0.0, 0.0}; }
-  __device__ void add(State& st, int64_t c, int64_t idx) const {
-    const double d = to_d(dy[idx]);
-    st.s += d;
-    st.sx += d * (to_d(x[idx]) - mean[c]);
-  }
-  __device__ static void merge(State& a, const State& b) {
-    a.s += b.s;
-    a.sx += b.sx;
-  }
-  __device__ void write(const State& st, int64_t c) const {
-    sum_dy_out[c] = st.s;
-    sum_dy_xmu_out[c] = st.sx;
-  }
-};
-
-// Grid (C, splits). Block (c, s) reduces elements [s*split_len, (s+1)*split_len)
-// of channel c's outer*inner elements, numbered o*inner + i.
-template <typename Op>
-__global__ void channel_partials_kernel(Op op, int64_t C, int64_t inner, int64_t len, int64_t split_len,
-                                        typename Op::State* partials) {
-  using State = typename Op::State;
-  __shared__ State buf[kChannelThreads];
-  const int64_t c = blockIdx.x;
-  const int64_t k0 = static_cast<int64_t>(blockIdx.y) * split_len;
-  const int64_t k1 = k0 + split_len < len ? k0 + split_len : len;
-  State st = Op::identity();
-  for (int64_t k = k0 + threadIdx.x; k < k1; k += kChannelThreads) {
-    const int64_t o = k / inner;
-    const int64_t i = k - o * inner;
-    op.add(st, c, (o * C + c) * inner + i);
-  }
-  buf[threadIdx.x] = st;
-  __syncthreads();
-  for (int stride = kChannelThreads / 2; stride > 0; stride /= 2) {
-    if (static_cast<int>(threadIdx.x) < stride) Op::merge(buf[threadIdx.x], buf[threadIdx.x + stride]);
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) partials[static_cast<int64_t>(blockIdx.y) * C + c] = buf[0];
+// (1 - momentum) * old + momentum * new, as the CPU's two products and a sum.
+__device__ __forceinline__ double blend(double old, double now, double momentum) {
+  return __dadd_rn(__dmul_rn(old, 1.0 - momentum), __dmul_rn(now, momentum));
 }
 
-// Grid (column tiles, row splits) over rows of `width` = C*inner columns.
-// Column col belongs to channel col / inner; partials are [split][width].
-template <typename Op>
-__global__ void row_partials_kernel(Op op, int64_t rows, int64_t width, int64_t inner, int64_t split_rows,
-                                    typename Op::State* partials) {
-  using State = typename Op::State;
-  __shared__ State buf[kRowThreadsY][kRowThreadsX];
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kRowThreadsX + threadIdx.x;
-  const int64_t r0 = static_cast<int64_t>(blockIdx.y) * split_rows;
-  const int64_t r1 = r0 + split_rows < rows ? r0 + split_rows : rows;
-  State st = Op::identity();
-  if (col < width) {
-    const int64_t c = col / inner;
-    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowThreadsY) op.add(st, c, r * width + col);
-  }
-  buf[threadIdx.y][threadIdx.x] = st;
-  __syncthreads();  // reached by every thread: no early return above
-  if (threadIdx.y == 0 && col < width) {
-    State acc = buf[0][threadIdx.x];
-    for (int y = 1; y < kRowThreadsY; ++y) Op::merge(acc, buf[y][threadIdx.x]);
-    partials[static_cast<int64_t>(blockIdx.y) * width + col] = acc;
-  }
-}
-
-// One thread per channel merges partials [split][C][sub] in (split, sub) order.
-// With no partials (empty input) it writes the identity: mean 0, M2 0, sums 0.
-template <typename Op>
-__global__ void merge_partials_kernel(Op op, const typename Op::State* partials, int64_t splits, int64_t C,
-                                      int64_t sub) {
-  using State = typename Op::State;
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= C) return;
-  State acc = Op::identity();
-  for (int64_t s = 0; s < splits; ++s)
-    for (int64_t i = 0; i < sub; ++i) Op::merge(acc, partials[(s * C + c) * sub + i]);
-  op.write(acc, c);
-}
-
-// Runs `op` over the [outer][C][inner] view and writes one state per channel.
-// Must be called with the right device current (the ops hold a CUDAGuard).
-template <typename Op>
-void reduce_per_channel(const View& v, const Op& op, const at::TensorOptions& device_opts) {
-  using State = typename Op::State;
-  static_assert(sizeof(State) % sizeof(double) == 0, "State must be made of doubles");
-  constexpr int64_t kWords = sizeof(State) / sizeof(double);
-  const int64_t C = v.channels;
-  if (C == 0) return;
-  const int64_t len = v.outer * v.inner;  // elements per channel
-  auto stream = at::cuda::getCurrentCUDAStream();
-  int64_t splits = 0;
-  int64_t sub = 1;
-  // Freed at the end of this function while kernels may still be queued: safe,
-  // the caching allocator only reuses the block in this stream's order.
-  Tensor scratch;
-  State* partials = nullptr;
-  if (len > 0) {
-    if (v.inner >= kMinInnerForChannelPath) {
-      splits = std::min(ceil_div(kTargetBlocks, C), ceil_div(len, kMinElemsPerSplit));
-      sub = 1;
-      scratch = at::empty({splits * C * kWords}, device_opts.dtype(at::kDouble));
-      partials = reinterpret_cast<State*>(scratch.data_ptr<double>());
-      const dim3 grid(grid_dim(C, std::numeric_limits<int32_t>::max(), "the channel grid"),
-                      grid_dim(splits, 65535, "the split grid"));
-      channel_partials_kernel<Op>
-          <<<grid, kChannelThreads, 0, stream>>>(op, C, v.inner, len, ceil_div(len, splits), partials);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    } else {
-      const int64_t width = C * v.inner;
-      const int64_t tiles = ceil_div(width, kRowThreadsX);
-      splits = std::min(ceil_div(kTargetBlocks, tiles), ceil_div(v.outer, kMinRowsPerSplit));
-      sub = v.inner;
-      scratch = at::empty({splits * width * kWords}, device_opts.dtype(at::kDouble));
-      partials = reinterpret_cast<State*>(scratch.data_ptr<double>());
-      const dim3 grid(grid_dim(tiles, std::numeric_limits<int32_t>::max(), "the column grid"),
-                      grid_dim(splits, 65535, "the split grid"));
-      const dim3 block(kRowThreadsX, kRowThreadsY);
-      row_partials_kernel<Op>
-          <<<grid, block, 0, stream>>>(op, v.outer, width, v.inner, ceil_div(v.outer, splits), partials);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
-  }
-  const unsigned int blocks =
-      grid_dim(ceil_div(C, kPerChannelThreads), std::numeric_limits<int32_t>::max(), "the merge grid");
-  merge_partials_kernel<Op><<<blocks, kPerChannelThreads, 0, stream>>>(op, partials, splits, C, sub);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-// Fills mean_out and m2_out (contiguous float64, C each, on x's device) with
-// the per-channel moments of x (contiguous in the format `v` was built for);
-// returns the per-channel element count.
-double moments_into(const Tensor& x, const View& v, const Tensor& mean_out, const Tensor& m2_out) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_ref_moments_cuda", [&] {
-    const MomentsOp<scalar_t> op{x.data_ptr<scalar_t>(), mean_out.data_ptr<double>(),
-                                 m2_out.data_ptr<double>()};
-    reduce_per_channel(v, op, x.options());
-  });
-  return static_cast<double>(v.outer * v.inner);
-}
-
-// ---------------------------------------------------------------- per-channel and elementwise kernels
-
-template <typename F>
-__global__ void per_channel_kernel(int64_t C, F f) {
-  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c < C) f(c);
-}
-
-template <typename F>
-void launch_per_channel(int64_t C, const F& f) {
-  if (C == 0) return;
-  const unsigned int blocks =
-      grid_dim(ceil_div(C, kPerChannelThreads), std::numeric_limits<int32_t>::max(), "a per-channel grid");
-  per_channel_kernel<F><<<blocks, kPerChannelThreads, 0, at::cuda::getCurrentCUDAStream()>>>(C, f);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-// out[k] = f(channel of k, x[k], dy[k] or 0) over a tensor laid out as [outer][C][inner].
-template <typename T, typename F>
-__global__ void map_kernel(int64_t n, int64_t C, int64_t inner, const T* x, const T* dy, T* out, F f) {
-  const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < n; k += step) {
-    const int64_t c = (k / inner) % C;
-    const double dv = dy != nullptr ? to_d(dy[k]) : 0.0;
-    out[k] = from_d<T>(f(c, to_d(x[k]), dv));
-  }
-}
-
-template <typename T, typename F>
-void launch_map(int64_t n, const View& v, const T* x, const T* dy, T* out, const F& f) {
-  if (n == 0) return;  // also covers C == 0 and inner == 0
-  const int64_t blocks = std::min(ceil_div(n, kMapThreads), kMaxMapBlocks);
-  map_kernel<T, F><<<static_cast<unsigned int>(blocks), kMapThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-      n, v.channels, v.inner, x, dy, out, f);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-// invstd = 1 / sqrt(M2 / count + eps); count 0 gives NaN, as on the CPU.
-struct InvstdFn {
-  const double* m2;
-  double count;
-  double eps;
-  double* invstd;
-  __device__ void operator()(int64_t c) const { invstd[c] = 1.0 / ::sqrt(__dadd_rn(m2[c] / count, eps)); }
-};
-
-// y = (x - mean) * scale + shift with scale = invstd * weight, shift = bias.
-struct AffineFn {
-  const double* mean;
-  const double* scale;
-  const double* shift;
-  __device__ double operator()(int64_t c, double x, double /*dy*/) const {
-    return __dadd_rn(__dmul_rn(__dsub_rn(x, mean[c]), scale[c]), shift[c]);
-  }
-};
-
-// Per-channel coefficients of the input gradient, as the CPU computes them.
-struct BackwardCoeffFn {
-  const double* sum_dy;
-  const double* sum_dy_xmu;
-  const double* invstd;
-  const double* weight;
-  double total;
-  double* grad_mean;
-  double* proj;
-  double* gscale;
-  __device__ void operator()(int64_t c) const {
-    const double vi = invstd[c];
-    grad_mean[c] = sum_dy[c] / total;
-    proj[c] = __dmul_rn(__dmul_rn(sum_dy_xmu[c] / total, vi), vi);
-    gscale[c] = __dmul_rn(vi, weight[c]);
-  }
-};
-
-// dx = (dy - grad_mean - (x - mean) * proj) * gscale
-struct BackwardFn {
-  const double* mean;
-  const double* grad_mean;
-  const double* proj;
-  const double* gscale;
-  __device__ double operator()(int64_t c, double x, double dy) const {
-    return __dmul_rn(__dsub_rn(__dsub_rn(dy, grad_mean[c]), __dmul_rn(__dsub_rn(x, mean[c]), proj[c])), gscale[c]);
-  }
-};
-
-// Chan merge of W gathered (count, mean, invstd) rows; rows with count <= 0 are skipped.
+// batch_norm_gather_stats_with_counts: Chan's merge of W (count, mean, invstd) rows; rows with count <= 0
+// are skipped. Writes mean/invstd in the output dtype and updates the running statistics in place.
 struct GatherFn {
-  const double* mean;    // [W, C]
-  const double* invstd;  // [W, C]
-  const double* counts;  // [W]
-  int64_t W;
-  int64_t C;
-  double eps;
-  double* out_mean;
-  double* out_invstd;
-  double* out_unbiased_var;
+  In mean, invstd, counts;  // [W, C], [W, C], [W]
+  int64_t W, C;
+  double eps, momentum;
+  Out out_mean, out_invstd;
+  In rm_in, rv_in;
+  Out rm_out, rv_out;
   __device__ void operator()(int64_t c) const {
     double n = 0, avg = 0, var_n = 0;
     for (int64_t j = 0; j < W; ++j) {
@@ -452,11 +1308,12 @@ struct GatherFn {
       if (cnt <= 0) continue;
       const double inv = invstd[j * C + c];
       const double var = __dsub_rn(1.0 / __dmul_rn(inv, inv), eps);
-      chan_merge(n, avg, var_n, cnt, mean[j * C + c], __dmul_rn(var, cnt));
+      chan_merge_rn(n, avg, var_n, cnt, mean[j * C + c], __dmul_rn(var, cnt));
     }
-    out_mean[c] = avg;
-    out_invstd[c] = 1.0 / ::sqrt(__dadd_rn(var_n / n, eps));
-    out_unbiased_var[c] = var_n / __dsub_rn(n, 1.0);
+    out_mean.set(c, avg);
+    out_invstd.set(c, 1.0 / ::sqrt(__dadd_rn(var_n / n, eps)));
+    if (rm_out.p != nullptr) rm_out.set(c, blend(rm_in[c], avg, momentum));
+    if (rv_out.p != nullptr) rv_out.set(c, blend(rv_in[c], var_n / __dsub_rn(n, 1.0), momentum));
   }
 };
 
@@ -470,7 +1327,7 @@ struct WelfordMergeFn {
     double n = 0, mean = 0, m2 = 0;
     for (int64_t j = 0; j < W; ++j) {
       const double* row = g + j * (2 * C + 1);
-      chan_merge(n, mean, m2, row[0], row[1 + c], row[1 + C + c]);
+      chan_merge_rn(n, mean, m2, row[0], row[1 + c], row[1 + C + c]);
     }
     out[1 + c] = mean;
     out[1 + C + c] = m2;
@@ -483,10 +1340,36 @@ struct CountOnlyFn {
   const double* g;  // [W, 1]
   int64_t W;
   double* out;
-  __device__ void operator()(int64_t /*c*/) const {
+  __device__ void operator()(int64_t) const {
     double total = 0;
     for (int64_t j = 0; j < W; ++j) total = __dadd_rn(total, 0.0 < g[j] ? g[j] : 0.0);
     out[0] = total;
+  }
+};
+
+// welford_finish: mean and invstd from a merged row [count, mean[C], M2[C]], the running statistics
+// updated in place (unbiased variance). count < 1 (every rank empty): mean 0, invstd 1, statistics
+// kept; count 1 (which the module refuses on the host where it can): NaN, statistics kept.
+struct FinishFn {
+  const double* row;
+  int64_t C;
+  double eps, momentum;
+  double* out_mean;
+  double* out_invstd;
+  In rm_in, rv_in;
+  Out rm_out, rv_out;
+  __device__ void operator()(int64_t c) const {
+    const double n = row[0], mean = row[1 + c], m2 = row[1 + C + c];
+    if (!(n >= 2)) {
+      const double nan = __longlong_as_double(0x7ff8000000000000LL);
+      out_mean[c] = n < 1 ? 0.0 : nan;
+      out_invstd[c] = n < 1 ? 1.0 : nan;
+      return;
+    }
+    out_mean[c] = mean;
+    out_invstd[c] = 1.0 / ::sqrt(__dadd_rn(m2 / n, eps));
+    if (rm_out.p != nullptr) rm_out.set(c, blend(rm_in[c], mean, momentum));
+    if (rv_out.p != nullptr) rv_out.set(c, blend(rv_in[c], m2 / __dsub_rn(n, 1.0), momentum));
   }
 };
 
@@ -499,14 +1382,12 @@ std::tuple<Tensor, Tensor> batch_norm_stats(const Tensor& input, double eps) {
   const Tensor x = input.contiguous(fmt);
   const View v = view_of(x, fmt);
   const int64_t C = v.channels;
-  const auto dopts = x.options().dtype(at::kDouble);
-  Tensor mean = at::empty({C}, dopts);
-  Tensor m2 = at::empty({C}, dopts);
-  const double count = moments_into(x, v, mean, m2);
-  Tensor invstd = at::empty({C}, dopts);
-  launch_per_channel(C, InvstdFn{m2.data_ptr<double>(), count, eps, invstd.data_ptr<double>()});
-  const auto acc = acc_type_of(input.scalar_type());
-  return {mean.to(acc), invstd.to(acc)};
+  const auto opts = x.options().dtype(acc_type_of(input.scalar_type()));
+  Tensor mean = at::empty({C}, opts);
+  Tensor invstd = at::empty({C}, opts);
+  const int kind = kind_of(opts.dtype().toScalarType());
+  moments(x, v, MomentsOut{nullptr, Out{mean.data_ptr(), 1, kind}, Out{invstd.data_ptr(), 1, kind}, C, eps});
+  return {mean, invstd};
 }
 
 std::tuple<Tensor, Tensor> batch_norm_gather_stats_with_counts(const Tensor& input, const Tensor& mean,
@@ -520,32 +1401,38 @@ std::tuple<Tensor, Tensor> batch_norm_gather_stats_with_counts(const Tensor& inp
   check_cuda(mean, "mean");
   const at::Device dev = mean.device();
   c10::cuda::CUDAGuard device_guard(dev);
-  const Tensor vm = as_doubles(mean, dev);
-  const Tensor vi = as_doubles(invstd, dev);
-  const Tensor vc = as_doubles(counts, dev);
-  const auto dopts = mean.options().dtype(at::kDouble);
-  Tensor r_mean = at::empty({C}, dopts);
-  Tensor r_invstd = at::empty({C}, dopts);
-  Tensor unbiased = at::empty({C}, dopts);
-  launch_per_channel(C, GatherFn{vm.data_ptr<double>(), vi.data_ptr<double>(),
-                                 vc.data_ptr<double>(), W, C, eps, r_mean.data_ptr<double>(),
-                                 r_invstd.data_ptr<double>(), unbiased.data_ptr<double>()});
+  Keep keep;
+  const Tensor vm = mean.contiguous(), vi = invstd.to(dev).contiguous();
+  keep.push_back(vm);
+  keep.push_back(vi);
+  GatherFn f{in_of(vm, dev, keep), in_of(vi, dev, keep), in_of(counts.reshape({-1}), dev, keep), W, C, eps,
+             momentum, kNoOut, kNoOut, kNoIn, kNoIn, kNoOut, kNoOut};
+  const auto opts = mean.options().dtype(acc_type_of(mean.scalar_type()));
+  Tensor r_mean = at::empty({C}, opts), r_invstd = at::empty({C}, opts);
+  const int kind = kind_of(opts.dtype().toScalarType());
+  f.out_mean = Out{r_mean.data_ptr(), 1, kind};
+  f.out_invstd = Out{r_invstd.data_ptr(), 1, kind};
+  InPlace rm, rv;
   if (running_mean.has_value() && running_mean->defined()) {
-    Tensor rm = *running_mean;
-    check_channels(rm.numel(), C, "running_mean");
-    TORCH_CHECK(rm.device() == dev, "syncbn_ref: running_mean is on ", rm.device(), " but mean is on ", dev);
-    Tensor upd = rm.to(at::kDouble) * (1.0 - momentum) + r_mean * momentum;
-    rm.copy_(upd.view(rm.sizes()));
+    check_channels(running_mean->numel(), C, "running_mean");
+    TORCH_CHECK(running_mean->device() == dev, "syncbn_ref: running_mean is on ", running_mean->device(),
+                " but mean is on ", dev);
+    rm = in_place_of(*running_mean, dev);
+    f.rm_in = rm.in;
+    f.rm_out = rm.out;
   }
   if (running_var.has_value() && running_var->defined()) {
-    Tensor rv = *running_var;
-    check_channels(rv.numel(), C, "running_var");
-    TORCH_CHECK(rv.device() == dev, "syncbn_ref: running_var is on ", rv.device(), " but mean is on ", dev);
-    Tensor upd = rv.to(at::kDouble) * (1.0 - momentum) + unbiased * momentum;
-    rv.copy_(upd.view(rv.sizes()));
+    check_channels(running_var->numel(), C, "running_var");
+    TORCH_CHECK(running_var->device() == dev, "syncbn_ref: running_var is on ", running_var->device(),
+                " but mean is on ", dev);
+    rv = in_place_of(*running_var, dev);
+    f.rv_in = rv.in;
+    f.rv_out = rv.out;
   }
-  const auto out_dtype = acc_type_of(mean.scalar_type());
-  return {r_mean.to(out_dtype), r_invstd.to(out_dtype)};
+  launch_per_channel(C, f);
+  if (rm.target.defined()) commit(rm);
+  if (rv.target.defined()) commit(rv);
+  return {r_mean, r_invstd};
 }
 
 Tensor batch_norm_elemt(const Tensor& input, const c10::optional<Tensor>& weight, const c10::optional<Tensor>& bias,
@@ -560,24 +1447,15 @@ Tensor batch_norm_elemt(const Tensor& input, const c10::optional<Tensor>& weight
   const at::Device dev = x.device();
   check_channels(mean.numel(), C, "mean");
   check_channels(invstd.numel(), C, "invstd");
-  const Tensor vm = as_doubles(mean, dev);
-  Tensor scale = as_doubles(invstd, dev);
-  if (weight.has_value() && weight->defined()) {
-    check_channels(weight->numel(), C, "weight");
-    scale = scale * as_doubles(*weight, dev);  // one IEEE product per channel, as on the CPU
-  }
-  Tensor shift;
-  if (bias.has_value() && bias->defined()) {
-    check_channels(bias->numel(), C, "bias");
-    shift = as_doubles(*bias, dev);
-  } else {
-    shift = at::zeros({C}, x.options().dtype(at::kDouble));
-  }
+  if (weight.has_value() && weight->defined()) check_channels(weight->numel(), C, "weight");
+  if (bias.has_value() && bias->defined()) check_channels(bias->numel(), C, "bias");
   Tensor out = at::empty_like(x, x.options(), fmt);
+  if (x.numel() == 0) return out;
+  Keep keep;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_ref_elemt_cuda", [&] {
-    launch_map<scalar_t>(x.numel(), v, x.data_ptr<scalar_t>(), nullptr, out.data_ptr<scalar_t>(),
-                         AffineFn{vm.data_ptr<double>(), scale.data_ptr<double>(),
-                                  shift.data_ptr<double>()});
+    const AffineMap<scalar_t> p{in_of(mean, dev, keep), in_of(invstd, dev, keep), in_of(weight, dev, keep, 1.0),
+                                in_of(bias, dev, keep, 0.0), kNoIn, 0.0};
+    map<scalar_t>(v, x.data_ptr<scalar_t>(), static_cast<const scalar_t*>(nullptr), out.data_ptr<scalar_t>(), p);
   });
   return out;
 }
@@ -598,29 +1476,47 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> batch_norm_backward_reduce(const Tens
   const int64_t C = v.channels;
   const at::Device dev = x.device();
   check_channels(mean.numel(), C, "mean");
-  const Tensor vm = as_doubles(mean, dev);
-  const auto dopts = x.options().dtype(at::kDouble);
-  Tensor s = at::empty({C}, dopts);
-  Tensor sx = at::empty({C}, dopts);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_ref_backward_reduce_cuda", [&] {
-    const GradSumsOp<scalar_t> op{x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
-                                  vm.data_ptr<double>(), s.data_ptr<double>(), sx.data_ptr<double>()};
-    reduce_per_channel(v, op, x.options());
-  });
+  if (weight_g) check_channels(invstd.numel(), C, "invstd");
   const bool has_w = weight.has_value() && weight->defined();
   const auto wopts = has_w ? weight->options() : input.options();
-  // copy=true: each output is a fresh tensor even when no conversion is needed,
-  // so sum_dy and grad_bias never alias (the CPU builds each one anew too).
-  Tensor sum_dy, sum_dy_xmu, grad_weight, grad_bias;
+  Keep keep;
+  GradOut go{kNoOut, kNoOut, kNoOut, kNoOut, kNoIn};
+  Result s, sx, gw, gb;
   if (input_g) {
-    sum_dy = s.to(mean.options(), /*non_blocking=*/false, /*copy=*/true);
-    sum_dy_xmu = sx.to(mean.options(), /*non_blocking=*/false, /*copy=*/true);
+    s = result_of(C, mean.options(), dev);
+    sx = result_of(C, mean.options(), dev);
+    go.sum_dy = s.out;
+    go.sum_dy_xmu = sx.out;
   }
   if (weight_g) {
-    check_channels(invstd.numel(), C, "invstd");
-    grad_weight = (sx * as_doubles(invstd, dev)).to(wopts, /*non_blocking=*/false, /*copy=*/true);
+    gw = result_of(C, wopts, dev);
+    go.grad_weight = gw.out;
+    go.invstd = in_of(invstd, dev, keep);
   }
-  if (bias_g) grad_bias = s.to(wopts, /*non_blocking=*/false, /*copy=*/true);
+  if (bias_g) {
+    gb = result_of(C, wopts, dev);
+    go.grad_bias = gb.out;
+  }
+  if (C > 0 && (input_g || weight_g || bias_g)) {
+    const In vm = in_of(mean, dev, keep);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_ref_backward_reduce_cuda",
+                                    [&] {
+      using T = scalar_t;
+      const T* px = x.data_ptr<T>();
+      const T* pd = dy.data_ptr<T>();
+      reduce<T>(
+          v, px, pd, dev, go,
+          [&](auto vec, auto idx) { return PlaneGrads<T, decltype(vec)::value, decltype(idx)>{px, pd, vm, go}; },
+          [&](auto vec, auto idx) { return RowGrads<T, decltype(vec)::value, decltype(idx)>{px, pd, vm, go}; });
+    });
+  }
+  Tensor sum_dy, sum_dy_xmu, grad_weight, grad_bias;
+  if (input_g) {
+    sum_dy = finish(s, mean.options());
+    sum_dy_xmu = finish(sx, mean.options());
+  }
+  if (weight_g) grad_weight = finish(gw, wopts);
+  if (bias_g) grad_bias = finish(gb, wopts);
   return {sum_dy, sum_dy_xmu, grad_weight, grad_bias};
 }
 
@@ -637,39 +1533,31 @@ Tensor batch_norm_backward_elemt(const Tensor& grad_out, const Tensor& input, co
   const View v = view_of(x, fmt);
   const int64_t C = v.channels;
   const at::Device dev = x.device();
-  // The one host sync of this file: the CPU kernel raises on a non-positive
-  // total, and raising needs the value on the host.
-  const double total = count.detach().to(at::kDouble).sum().item<double>();
-  common::check_total(total);
+  // A count on the host is summed here and checked as on the CPU (no device sync); a CUDA count is
+  // summed inside the kernel, with no check (a total <= 0 gives non-finite gradients).
+  double host_total = 0;
+  const bool host_count = !count.is_cuda();
+  if (host_count) {
+    const Tensor c64 = count.detach().to(at::kDouble).contiguous();
+    const double* pc = c64.data_ptr<double>();
+    for (int64_t j = 0; j < c64.numel(); ++j) host_total += pc[j];
+    common::check_total(host_total);
+  }
   check_channels(mean.numel(), C, "mean");
   check_channels(sum_dy.numel(), C, "sum_dy");
   check_channels(sum_dy_xmu.numel(), C, "sum_dy_xmu");
   check_channels(invstd.numel(), C, "invstd");
-  const auto dopts = x.options().dtype(at::kDouble);
-  const Tensor vm = as_doubles(mean, dev);
-  const Tensor vi = as_doubles(invstd, dev);
-  const Tensor vs = as_doubles(sum_dy, dev);
-  const Tensor vsx = as_doubles(sum_dy_xmu, dev);
-  Tensor vw;
-  if (weight.has_value() && weight->defined()) {
-    check_channels(weight->numel(), C, "weight");
-    vw = as_doubles(*weight, dev);
-  } else {
-    vw = at::ones({C}, dopts);
-  }
-  Tensor grad_mean = at::empty({C}, dopts);
-  Tensor proj = at::empty({C}, dopts);
-  Tensor gscale = at::empty({C}, dopts);
-  launch_per_channel(C, BackwardCoeffFn{vs.data_ptr<double>(), vsx.data_ptr<double>(),
-                                        vi.data_ptr<double>(), vw.data_ptr<double>(), total,
-                                        grad_mean.data_ptr<double>(), proj.data_ptr<double>(),
-                                        gscale.data_ptr<double>()});
+  if (weight.has_value() && weight->defined()) check_channels(weight->numel(), C, "weight");
   Tensor out = at::empty_like(x, x.options(), fmt);
+  if (x.numel() == 0) return out;
+  Keep keep;
+  const In counts = host_count ? kNoIn : in_of(count.reshape({-1}), dev, keep);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "syncbn_ref_backward_elemt_cuda", [&] {
-    launch_map<scalar_t>(x.numel(), v, x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(),
-                         out.data_ptr<scalar_t>(),
-                         BackwardFn{vm.data_ptr<double>(), grad_mean.data_ptr<double>(),
-                                    proj.data_ptr<double>(), gscale.data_ptr<double>()});
+    const BackwardMap<scalar_t> p{in_of(mean, dev, keep),   in_of(invstd, dev, keep),
+                                  in_of(weight, dev, keep, 1.0), in_of(sum_dy, dev, keep),
+                                  in_of(sum_dy_xmu, dev, keep), counts,
+                                  host_count ? 0 : count.numel(), host_total};
+    map<scalar_t>(v, x.data_ptr<scalar_t>(), dy.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), p);
   });
   return out;
 }
@@ -684,8 +1572,8 @@ Tensor welford_stats(const Tensor& input) {
   const View v = view_of(x, fmt);
   const int64_t C = v.channels;
   Tensor out = at::empty({2 * C + 1}, input.options().dtype(at::kDouble));
-  const double count = moments_into(x, v, out.narrow(0, 1, C), out.narrow(0, 1 + C, C));
-  out.narrow(0, 0, 1).fill_(count);
+  if (C == 0) return out.zero_();  // the count of a tensor with no channel: 0, as on the CPU
+  moments(x, v, MomentsOut{out.data_ptr<double>(), kNoOut, kNoOut, C, 0.0});
   return out;
 }
 
@@ -695,13 +1583,42 @@ Tensor welford_merge(const Tensor& gathered) {
   c10::cuda::CUDAGuard device_guard(gathered.device());
   const Tensor g = gathered.contiguous();
   const int64_t W = g.size(0), C = (g.size(1) - 1) / 2;
-  Tensor out = at::zeros({2 * C + 1}, g.options());
+  Tensor out = at::empty({2 * C + 1}, g.options());
   if (C > 0) {
     launch_per_channel(C, WelfordMergeFn{g.data_ptr<double>(), W, C, out.data_ptr<double>()});
   } else {
     launch_per_channel(1, CountOnlyFn{g.data_ptr<double>(), W, out.data_ptr<double>()});
   }
   return out;
+}
+
+std::tuple<Tensor, Tensor> welford_finish(const Tensor& merged, const c10::optional<Tensor>& running_mean,
+                                          const c10::optional<Tensor>& running_var, double momentum, double eps) {
+  const int64_t C = common::check_welford_row(merged);
+  check_cuda(merged, "merged");
+  const at::Device dev = merged.device();
+  c10::cuda::CUDAGuard device_guard(dev);
+  const Tensor row = merged.contiguous();
+  Tensor mean = at::empty({C}, row.options()), invstd = at::empty({C}, row.options());
+  FinishFn f{row.data_ptr<double>(), C, eps, momentum, mean.data_ptr<double>(), invstd.data_ptr<double>(),
+             kNoIn, kNoIn, kNoOut, kNoOut};
+  InPlace rm, rv;
+  if (running_mean.has_value() && running_mean->defined()) {
+    check_channels(running_mean->numel(), C, "running_mean");
+    rm = in_place_of(*running_mean, dev);
+    f.rm_in = rm.in;
+    f.rm_out = rm.out;
+  }
+  if (running_var.has_value() && running_var->defined()) {
+    check_channels(running_var->numel(), C, "running_var");
+    rv = in_place_of(*running_var, dev);
+    f.rv_in = rv.in;
+    f.rv_out = rv.out;
+  }
+  launch_per_channel(C, f);
+  if (rm.target.defined()) commit(rm);
+  if (rv.target.defined()) commit(rv);
+  return {mean, invstd};
 }
 
 }  // namespace
@@ -714,6 +1631,7 @@ TORCH_LIBRARY_IMPL(syncbn_ref, CUDA, m) {
   m.impl("batch_norm_backward_elemt", &batch_norm_backward_elemt);
   m.impl("welford_stats", &welford_stats);
   m.impl("welford_merge", &welford_merge);
+  m.impl("welford_finish", &welford_finish);
 }
 
 }  // namespace syncbn_ref

@@ -21,8 +21,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kernel_inputs import (OPCHECK_CASES, SETTINGS, U, WIDE_CHANNELS, acc_dtype, assert_close_u, inputs, layout_of,
-                           long_inputs, per_channel, reduce_dims, ref_stats)
+from kernel_inputs import (OPCHECK_CASES, SETTINGS, U, WIDE_CHANNELS, acc_dtype, assert_close_u, finish_reference,
+                           inputs, layout_of, long_inputs, per_channel, reduce_dims, ref_stats)
 
 pytestmark = pytest.mark.cuda
 DEV = "cuda"
@@ -249,9 +249,27 @@ def test_device_errors_name_the_tensor(kernels):
     mean, invstd = kernels.batch_norm_stats(x, EPS)
     with pytest.raises(RuntimeError, match="grad_out is on cpu but input is on cuda"):
         kernels.batch_norm_backward_reduce(torch.randn(4, 3, 5), x, mean, invstd, None, True, False, False)
+    # A count on the host is checked there (no device sync), as on the CPU.
     with pytest.raises(RuntimeError, match="global element count must be positive"):
-        kernels.batch_norm_backward_elemt(x, x, mean, invstd, None, mean, mean,
-                                          torch.zeros(2, dtype=torch.int32, device=DEV))
+        kernels.batch_norm_backward_elemt(x, x, mean, invstd, None, mean, mean, torch.zeros(2, dtype=torch.int32))
+
+
+def test_a_cuda_count_is_summed_on_the_device_without_a_check(kernels):
+    """A CUDA count is summed inside the kernel (no host sync, so no check): a total of 0 gives non-finite
+    gradients, as torch's own kernel does; a positive one the same gradients as the same count on the host."""
+    x = torch.randn(4, 3, 5, device=DEV)
+    dy = torch.randn(4, 3, 5, device=DEV)
+    mean, invstd = kernels.batch_norm_stats(x, EPS)
+    s, sx, _, _ = kernels.batch_norm_backward_reduce(dy, x, mean, invstd, None, True, False, False)
+    zero = kernels.batch_norm_backward_elemt(dy, x, mean, invstd, None, s, sx,
+                                             torch.zeros(2, dtype=torch.int32, device=DEV))
+    assert not bool(torch.isfinite(zero).all())
+    for dtype in (torch.int32, torch.int64, torch.float32, torch.float16, torch.float64):
+        on_device = kernels.batch_norm_backward_elemt(dy, x, mean, invstd, None, s, sx,
+                                                      torch.tensor([20, 0], dtype=dtype, device=DEV))
+        on_host = kernels.batch_norm_backward_elemt(dy, x, mean, invstd, None, s, sx,
+                                                    torch.tensor([20, 0], dtype=dtype))
+        assert torch.equal(on_device, on_host), dtype
 
 
 def test_device_errors_carry_numbers_and_shapes(kernels):
@@ -268,8 +286,143 @@ def test_device_errors_carry_numbers_and_shapes(kernels):
         kernels.batch_norm_gather_stats_with_counts(x, mean[None].expand(2, 3), invstd[None], None, None, 0.1, EPS,
                                                     torch.ones(2, device=DEV))
     with pytest.raises(RuntimeError, match=r"global element count must be positive, got 0(?![.\d])"):
-        kernels.batch_norm_backward_elemt(x, x, mean, invstd, None, mean, mean,
-                                          torch.zeros(2, dtype=torch.int32, device=DEV))
+        kernels.batch_norm_backward_elemt(x, x, mean, invstd, None, mean, mean, torch.zeros(2, dtype=torch.int32))
+
+
+@CUDA_SETTINGS
+@given(inputs(allow_empty=True, channels=WIDE_CHANNELS), st.floats(0.0, 1.0),
+       st.sampled_from([None, torch.float32, torch.float16, torch.bfloat16, torch.float64]))
+def test_welford_finish(kernels, drawn, momentum, running_dtype):
+    """The merged row's mean and invstd and the running statistics in place, as the CPU kernel (which is the
+    reference module's former Python), to the last bit or so; count < 2 included (the drawn empty batches)."""
+    x, g = drawn
+    c = x.shape[1]
+    row = kernels.welford_stats(x)
+    rm = rv = None
+    if running_dtype is not None:
+        rm = torch.randn(c, generator=g, dtype=torch.float64).to(running_dtype)
+        rv = (torch.rand(c, generator=g, dtype=torch.float64) + 0.5).to(running_dtype)
+    rm_dev, rv_dev = on_dev(rm), on_dev(rv)
+    got = kernels.welford_finish(row.to(DEV), rm_dev, rv_dev, momentum, EPS)
+    want = kernels.welford_finish(row, rm, rv, momentum, EPS)
+    assert all(t.device.type == DEV and t.dtype == torch.float64 for t in got)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.cpu(), b, rtol=2**-51, atol=0, equal_nan=True)
+    if rm is not None:
+        assert rm_dev.dtype == running_dtype
+        torch.testing.assert_close(rm_dev.cpu(), rm, rtol=2 * U[running_dtype], atol=0)
+        torch.testing.assert_close(rv_dev.cpu(), rv, rtol=2 * U[running_dtype], atol=0)
+    ref = finish_reference(row, None, None, momentum, EPS)
+    torch.testing.assert_close(got[0].cpu(), ref[0], rtol=2**-51, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("shape,fmt", [((512, 1, 256, 256), torch.contiguous_format),  # 2^25 in one channel, planes
+                                       ((2**25, 1), torch.contiguous_format),  # one column of 2^25 rows
+                                       ((128, 8, 128, 256), torch.channels_last),  # rows, vector columns
+                                       ((3, 2, 2**22 + 5), torch.contiguous_format)],  # long odd runs
+                         ids=["nchw-c1", "2d-c1", "nhwc-c8", "ncl-odd"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["float32", "float16", "bfloat16"])
+def test_large_inputs_split_over_many_blocks(kernels, shape, fmt, dtype):
+    """2^25 elements in a channel (hundreds of split partials merged by the last block): statistics, welford rows
+    and the backward sums against float64, run twice (the same bits: fixed splits and merge order)."""
+    g = torch.Generator().manual_seed(2)
+    x64 = 1000.0 + 0.5 * torch.randn(shape, generator=g, dtype=torch.float64)
+    x = x64.to(dtype).contiguous(memory_format=fmt)
+    xd = x.to(DEV)
+    x64 = x.double()
+    row = kernels.welford_stats(xd)
+    assert torch.equal(row, kernels.welford_stats(xd))
+    dims = reduce_dims(x)
+    mean = x64.mean(dims)
+    m2 = ((x64 - per_channel(mean, x)) ** 2).sum(dims)
+    c = x.shape[1]
+    torch.testing.assert_close(row[1:1 + c].cpu(), mean, rtol=1e-13, atol=0)
+    torch.testing.assert_close(row[1 + c:].cpu(), m2, rtol=1e-9, atol=0)
+    m, i = kernels.batch_norm_stats(xd, EPS)
+    close_stats(m, i, mean, 1 / torch.sqrt(m2 / (x.numel() // c) + EPS), torch.float32)
+    dy = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype).contiguous(memory_format=fmt)
+    s, sx, _, _ = kernels.batch_norm_backward_reduce(dy.to(DEV), xd, mean.to(DEV), i, None, True, False, False)
+    dy64 = dy.double()
+    want_sx = (dy64 * (x64 - per_channel(mean, x))).sum(dims)
+    assert_close_u(s, dy64.sum(dims), torch.float32, scale=float(dy64.abs().sum(dims).max()))
+    assert_close_u(sx, want_sx, torch.float32, scale=float((dy64 * (x64 - per_channel(mean, x))).abs().sum(dims).max()))
+
+
+@pytest.mark.parametrize("fmt", [torch.contiguous_format, torch.channels_last], ids=["contiguous", "channels_last"])
+def test_misaligned_inputs_take_the_scalar_path(kernels, fmt):
+    """Views whose data does not start on a 16-byte boundary: every op as on the CPU."""
+    base = torch.randn(1 + 6 * 64 * 8 * 8, dtype=torch.float64).float() * 3 + 1
+    x = base[1:].view(6, 64, 8, 8)
+    if fmt == torch.channels_last:
+        x = base[1:].view(6, 8, 8, 64).permute(0, 3, 1, 2)
+    xd = x.to(DEV)
+    xd = torch.empty(xd.numel() + 1, device=DEV)[1:].view(x.permute(0, 2, 3, 1).shape if fmt == torch.channels_last
+                                                           else x.shape)
+    xd = (xd.permute(0, 3, 1, 2) if fmt == torch.channels_last else xd)
+    xd.copy_(x)
+    assert xd.data_ptr() % 16 != 0 and xd.is_contiguous(memory_format=fmt)
+    check_stats(kernels, x)
+    got_m, got_i = kernels.batch_norm_stats(xd, EPS)
+    want_m, want_i = kernels.batch_norm_stats(x, EPS)
+    close_stats(got_m, got_i, want_m, want_i, torch.float32)
+    out = kernels.batch_norm_elemt(xd, None, None, got_m, got_i, EPS)
+    assert_close_u(out, kernels.batch_norm_elemt(x, None, None, want_m, want_i, EPS), torch.float32, scale=8.0,
+                   units=8)
+    g = kernels.batch_norm_backward_reduce(xd, xd, got_m, got_i, None, True, False, False)
+    want = kernels.batch_norm_backward_reduce(x, x, want_m, want_i, None, True, False, False)
+    assert_close_u(g[0], want[0], torch.float32, scale=float(x.abs().sum((0, 2, 3)).max()))
+
+
+def test_per_channel_tensors_are_read_in_their_own_dtype(kernels):
+    """mean/invstd/weight/bias/sums of any floating dtype, strided per-channel views: the results of the same
+    values in float64."""
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(4, 6, 5, 7, generator=g, dtype=torch.float64) * 2 + 1).float().to(DEV)
+    dy = torch.randn(4, 6, 5, 7, generator=g, dtype=torch.float64).float().to(DEV)
+    mean, invstd = kernels.batch_norm_stats(x, EPS)
+    w = torch.randn(12, generator=g, dtype=torch.float64).to(DEV)[::2]  # strided
+    b = torch.randn(6, generator=g, dtype=torch.float64).to(DEV)
+    s, sx, _, _ = kernels.batch_norm_backward_reduce(dy, x, mean, invstd, w, True, False, False)
+    count = torch.tensor([x.numel() // 6], device=DEV)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        def q(t):
+            return t.to(dtype)
+
+        def q64(t):
+            return t.to(dtype).double()
+
+        got = kernels.batch_norm_elemt(x, q(w), q(b), q(mean), q(invstd), EPS)
+        want = kernels.batch_norm_elemt(x, q64(w), q64(b), q64(mean), q64(invstd), EPS)
+        assert torch.equal(got, want), dtype
+        got = kernels.batch_norm_backward_elemt(dy, x, q(mean), q(invstd), q(w), q(s), q(sx), count)
+        want = kernels.batch_norm_backward_elemt(dy, x, q64(mean), q64(invstd), q64(w), q64(s), q64(sx), count)
+        assert torch.equal(got, want), dtype
+        gw = kernels.batch_norm_backward_reduce(dy, x, q(mean), q(invstd), q(w), True, True, True)
+        assert gw[0].dtype == gw[1].dtype == dtype and gw[2].dtype == gw[3].dtype == dtype
+
+
+def test_no_op_syncs_the_host(kernels):
+    """Every op on CUDA tensors (and a CUDA count) runs with torch's sync debug mode set to error."""
+    x = torch.randn(4, 8, 6, 5, device=DEV)
+    xl = x.contiguous(memory_format=torch.channels_last)
+    w, b = torch.randn(8, device=DEV), torch.randn(8, device=DEV)
+    count = torch.tensor([120], dtype=torch.int32, device=DEV)
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for t in (x, xl, x[:0]):
+            mean, invstd = kernels.batch_norm_stats(t, EPS)
+            row = kernels.welford_stats(t)
+            merged = kernels.welford_merge(torch.stack([row, row]))
+            kernels.welford_finish(merged, torch.zeros(8, device=DEV), torch.ones(8, device=DEV), 0.1, EPS)
+            kernels.batch_norm_gather_stats_with_counts(t, mean[None], invstd[None], torch.zeros(8, device=DEV),
+                                                        torch.ones(8, device=DEV), 0.1, EPS,
+                                                        torch.ones(1, device=DEV))
+            kernels.batch_norm_elemt(t, w, b, mean, invstd, EPS)
+            s, sx, _, _ = kernels.batch_norm_backward_reduce(t, t, mean, invstd, w, True, True, True)
+            kernels.batch_norm_backward_elemt(t, t, mean, invstd, w, s, sx, count)
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() == 1, reason="needs a second GPU (results must stay on the input's GPU)")

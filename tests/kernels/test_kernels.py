@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from kernel_inputs import OPCHECK_CASES, SETTINGS, inputs, ref_stats
+from kernel_inputs import OPCHECK_CASES, SETTINGS, finish_reference, inputs, ref_stats
 from kernel_inputs import acc_dtype as _acc
 from kernel_inputs import assert_close_u as _close
 from kernel_inputs import layout_of as _fmt
@@ -148,6 +148,43 @@ def test_welford_stats_and_merge(kernels, drawn):
         torch.testing.assert_close(merged[1 + c:], want_m2, rtol=1e-10, atol=1e-8)
 
 
+@SETTINGS
+@given(inputs(), st.floats(0.0, 1.0), st.sampled_from([None, torch.float32, torch.float16, torch.float64]))
+def test_welford_finish(kernels, drawn, momentum, running_dtype):
+    """From a merged row: the mean, invstd and running statistics of the reference module's former Python, bit
+    for bit (same ATen operations), the buffers in their own dtype."""
+    x, g = drawn
+    c = x.shape[1]
+    row = kernels.welford_stats(x)
+    rm = rv = None
+    if running_dtype is not None:
+        rm = torch.randn(c, generator=g, dtype=torch.float64).to(running_dtype)
+        rv = (torch.rand(c, generator=g, dtype=torch.float64) + 0.5).to(running_dtype)
+    want_rm, want_rv = (rm.clone(), rv.clone()) if rm is not None else (None, None)
+    mean, invstd = kernels.welford_finish(row, rm, rv, momentum, 1e-5)
+    want = finish_reference(row, want_rm, want_rv, momentum, 1e-5)
+    assert mean.dtype == invstd.dtype == torch.float64 and mean.shape == (c,)
+    torch.testing.assert_close(mean, want[0], rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(invstd, want[1], rtol=0, atol=0, equal_nan=True)
+    if rm is not None:
+        assert rm.dtype == rv.dtype == running_dtype
+        torch.testing.assert_close(rm, want_rm, rtol=0, atol=0)
+        torch.testing.assert_close(rv, want_rv, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("count,want", [(0.0, (0.0, 1.0)), (1.0, (float("nan"), float("nan")))],
+                         ids=["all-empty", "one-value"])
+def test_welford_finish_below_two_values_keeps_the_running_statistics(kernels, count, want):
+    """count 0 (every rank empty): mean 0, invstd 1; count 1 (refused by the module where it can read the count):
+    NaN. The running statistics stay as they were in both."""
+    row = torch.tensor([count, 3.0, 4.0, 0.0, 0.0], dtype=torch.float64)
+    rm, rv = torch.tensor([1.0, 2.0]), torch.tensor([5.0, 6.0])
+    mean, invstd = kernels.welford_finish(row, rm, rv, 0.5, 1e-5)
+    torch.testing.assert_close(mean, torch.full((2,), want[0], dtype=torch.float64), equal_nan=True)
+    torch.testing.assert_close(invstd, torch.full((2,), want[1], dtype=torch.float64), equal_nan=True)
+    assert rm.tolist() == [1.0, 2.0] and rv.tolist() == [5.0, 6.0]
+
+
 def test_large_offset_variance_is_not_cancelled(kernels):
     """A mean of 1e4 against a spread of 1e-2 in float32: E[x^2]-E[x]^2 would lose every digit."""
     g = torch.Generator().manual_seed(0)
@@ -178,6 +215,10 @@ def test_caller_errors_name_the_value(kernels):
                                                     None, 0.1, 1e-5, torch.ones(3))
     with pytest.raises(RuntimeError, match="2\\*C\\+1"):
         kernels.welford_merge(torch.zeros(2, 4, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="welford_finish expects one \\[2\\*C\\+1\\] row"):
+        kernels.welford_finish(torch.zeros(4, dtype=torch.float64), None, None, 0.1, 1e-5)
+    with pytest.raises(RuntimeError, match="welford_finish expects a float64 row"):
+        kernels.welford_finish(torch.zeros(5), None, None, 0.1, 1e-5)
 
 
 @pytest.mark.skipif(not hasattr(torch.library, "opcheck"), reason="torch.library.opcheck needs torch >= 2.4")

@@ -9,6 +9,8 @@
 - :func:`ref_stats` and the helpers: the float64 truth and the tolerance rule
   (a few unit roundoffs of the output dtype, scaled by the values' magnitude).
 - :data:`OPCHECK_CASES`: arguments for ``torch.library.opcheck`` of every op.
+- :func:`finish_reference`: what ``welford_finish`` computes, in the ATen operations the reference module's
+  forward used before the op existed (its CPU kernel matches them bit for bit).
 """
 
 from __future__ import annotations
@@ -120,4 +122,22 @@ OPCHECK_CASES = [
         torch.zeros(x.shape[1]), torch.ones(x.shape[1]), 0.1, 1e-5, torch.tensor([3.0, 4.0]))),
     ("welford_stats", lambda x, k: (x,)),
     ("welford_merge", lambda x, k: (torch.stack([k.welford_stats(x), k.welford_stats(x * 2)]),)),
+    ("welford_finish", lambda x, k: (k.welford_stats(x), torch.zeros(x.shape[1]), torch.ones(x.shape[1]), 0.1, 1e-5)),
 ]
+
+
+def finish_reference(merged, running_mean, running_var, momentum, eps):
+    """``welford_finish`` in plain torch (float64): (mean, invstd) and the running statistics updated in place."""
+    c = (merged.numel() - 1) // 2
+    n = float(merged[0])
+    mean, m2 = merged[1:1 + c], merged[1 + c:]
+    if not n >= 2:
+        nan = float("nan")
+        return (torch.zeros_like(mean), torch.ones_like(m2)) if n < 1 else (torch.full_like(mean, nan),
+                                                                             torch.full_like(m2, nan))
+    invstd = torch.rsqrt(m2 / n + eps)
+    if running_mean is not None:
+        running_mean.copy_((1 - momentum) * running_mean.double() + momentum * mean)
+    if running_var is not None:
+        running_var.copy_((1 - momentum) * running_var.double() + momentum * (m2 / (n - 1)))
+    return mean.clone(), invstd
