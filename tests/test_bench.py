@@ -112,3 +112,35 @@ def test_a_search_figure_reads_the_rate_the_search_reports(tmp_path):
     assert elapsed > 0 and rate is not None and 0 < rate < 1000, (elapsed, rate)
     _, none = bench_commands.time_command(tree, ["list", "impls"], tmp_path)
     assert none is None
+
+
+def test_the_cuda_benchmark_measures_what_syncbn_users_run():
+    """ResNet-50's batch-norm layers at N16 and N2 in both layouts and 2-D input, in float32, float16 and bfloat16."""
+    import torch
+
+    from harness.bench.device_kernels import CUDA_SHAPES
+
+    labels = [s[0] for s in CUDA_SHAPES]
+    assert len(labels) == len(set(labels)) == 3 * (2 * 5 * 2 + 3)
+    assert {s[2] for s in CUDA_SHAPES} == {torch.float32, torch.float16, torch.bfloat16}
+    assert ("N16 C256 56x56 float16 channels_last", (16, 256, 56, 56), torch.float16,
+            torch.channels_last) in CUDA_SHAPES
+    assert all(len(s[1]) == 4 or s[3] == torch.contiguous_format for s in CUDA_SHAPES)  # 2-D: contiguous only
+    assert all(2 <= s[1][0] <= 16 and s[1][1] <= 2048 for s in CUDA_SHAPES)
+
+
+def test_a_shape_meets_the_goal_when_every_op_and_the_bandwidth_do():
+    from harness.bench.device_kernels import GATHER, OPS, derive
+
+    # stats / copy bandwidth = (bytes / t_stats) / (2 bytes / t_copy): 0.6 at t_stats = t_copy / 1.2.
+    times = {"copy": 1.0, "reference welford_stats": 1 / 1.2, "torch batch_norm_stats": 3.0,
+             "reference fwd+bwd": 3.0, "torch fwd+bwd": 2.0, "reference sequence": 2.2, "torch sequence": 2.0}
+    for op in OPS + (GATHER,):
+        times[f"reference {op}"], times[f"torch {op}"] = 1.2, 1.0
+    f = derive(times, nbytes=10**9)
+    assert f["stats_over_copy_bandwidth"] == pytest.approx(0.6) and f["meets_goal"]
+    assert set(f["ops"]) == {*OPS, GATHER, "welford_stats"} and f["sequence_over_torch"] == pytest.approx(1.1)
+    times[f"reference {GATHER}"] = 1.21
+    assert not derive(times, nbytes=10**9)["meets_goal"]
+    times[f"reference {GATHER}"], times["reference welford_stats"] = 1.2, 1 / 1.18
+    assert not derive(times, nbytes=10**9)["meets_goal"]

@@ -179,7 +179,7 @@ def test_the_cuda_bench_code_runs_end_to_end_on_cpu_through_the_emulation():
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [f["shape"] for f in out["figures"]] == ["s", "t"]
     for f in out["figures"]:
-        assert set(f["ops"]) == {*device_kernels.OPS, "welford_stats"}
+        assert set(f["ops"]) == {*device_kernels.OPS, device_kernels.GATHER, "welford_stats"}
         assert all(row["reference_over_torch"] > 0 for row in f["ops"].values())
         assert f["stats_over_copy_bandwidth"] > 0 and f["reference_over_torch"] > 0 and f["peak_gbps"] is None
     assert any(line.startswith("  statistics pass (welford_stats):") for line in out["lines"])
