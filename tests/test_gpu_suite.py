@@ -120,7 +120,13 @@ def test_which_cuda_graph_runs_can_happen():
     assert "--device cuda" in unsupported_reason(case, torch_impl, "cpu", "gloo")
     assert "--backend nccl" in unsupported_reason(case, torch_impl, "cuda", "gloo")
     assert unsupported_reason(case, torch_impl, "cuda", "nccl") is None
-    assert "graph_capture=False" in unsupported_reason(case, reference, "cuda", "nccl")
+    assert unsupported_reason(case, reference, "cuda", "nccl") is None  # its training step syncs nothing
+    from types import SimpleNamespace
+
+    from harness.impls.base import Capabilities
+
+    no_capture = SimpleNamespace(name="no-capture", capabilities=Capabilities(graph_capture=False))
+    assert "graph_capture=False" in unsupported_reason(case, no_capture, "cuda", "nccl")
     assert unsupported_reason(layer, torch_impl, "cpu", "gloo") is None  # the layer scenario asks nothing
 
 
@@ -226,11 +232,15 @@ def test_one_rank_captured_and_replayed_matches_the_oracle():
 
 
 @pytest.mark.cuda
-def test_the_reference_cannot_be_captured():
-    """What its capabilities say (graph_capture=False): its forward reads the global count on the host."""
-    from harness.catalog.data import materialize
+def test_the_reference_captured_and_replayed_matches_the_oracle():
+    """What its capabilities say (graph_capture=True): no host read in its training step, so the scenario captures
+    and replays it, judged like torch's."""
+    from harness.engine.messages import RankResult
+    from harness.engine.rank import RankContext
     from harness.scenarios import cuda_graph
 
-    case = one_rank_graph_case()
-    with pytest.raises(RuntimeError, match="(?i)captur"):
-        cuda_graph.replay_steps(case, resolve("reference"), 0, materialize(case), None)
+    result = RankResult(rank=0)
+    cuda_graph.run_rank(RankContext(0, 1), one_rank_graph_case(), resolve("reference"), "cuda", result)
+    assert any(name.startswith("step1.") for name in result.metrics)
+    bad = {name: m.describe() for name, m in result.metrics.items() if not m.ok}
+    assert not bad, bad

@@ -5,25 +5,34 @@ Forward (training), per rank:
    packed as one [2C+1] tensor whatever the input dtype.
 2. One ``all_gather`` of those rows over the process group.
 3. ``welford_merge``: Chan's merge in float64; empty ranks contribute nothing.
-4. Running statistics updated in float64 (unbiased variance of the global
-   count) and stored in the buffers' dtype.
+4. ``welford_finish``: the float64 mean and 1/std, and the running statistics
+   updated in place (unbiased variance of the global count, in the buffers'
+   dtype), on the device from the merged row; an all-empty group leaves them
+   as they were (mean 0, 1/std 1).
 5. ``batch_norm_elemt`` with the float64 mean and 1/std: output in the input
    dtype and memory format.
 
 Backward: ``batch_norm_backward_reduce`` gives the local (sum_dy, sum_dy_xmu)
 in float64, one ``all_reduce`` sums them over the group, and
-``batch_norm_backward_elemt`` divides by the global count. grad_weight and
-grad_bias are each rank's local share (summing them is the job of DDP).
+``batch_norm_backward_elemt`` divides by the global count (a device tensor,
+summed inside the kernel). grad_weight and grad_bias are each rank's local
+share (summing them is the job of DDP).
 
 Eval uses the running statistics with no communication; without running
 statistics it normalizes with the rank's own batch, like torch's module.
 
-Not capturable in a CUDA graph (capabilities: ``graph_capture=False``): the
-forward reads the global count to the host (``float(count)``, to skip an
-all-empty group and for the unbiased variance) and the CUDA
-``batch_norm_backward_elemt`` checks the count on the host; a capture forbids
-both syncs. For the same reason ``torch.compile`` breaks the graph there, and
-``fullgraph=True`` is not supported (capabilities: ``fullgraph=False``).
+No host sync in a training step on a rank with 2 or more values per channel of
+its own (then the global count is at least 2): such a step can be captured in
+a CUDA graph (capabilities: ``graph_capture=True``), with no process group, a
+group of one, or over nccl. A rank with 0 or 1 values of its own reads the
+global count to the host to raise nn.BatchNorm's "Expected more than 1 value
+per channel" when the whole group has 1; under capture it cannot read it, so
+there a global count of 1 gives NaN output and leaves the running statistics as
+they were (an all-empty group is handled on the device either way).
+``momentum=None`` reads ``num_batches_tracked`` on the host, as torch's module
+does. ``torch.compile`` with ``fullgraph=True`` is not supported (capabilities:
+``fullgraph=False``): the autograd Function and the host read above break the
+graph.
 """
 
 from __future__ import annotations
@@ -48,6 +57,11 @@ def _ops():
     return torch.ops.syncbn_ref
 
 
+def _capturing(t: Tensor) -> bool:
+    """Whether ``t``'s stream is being captured into a CUDA graph (where no host read is allowed)."""
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 class _SyncBatchNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input: Tensor, weight: Optional[Tensor], bias: Optional[Tensor],
@@ -63,26 +77,20 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         else:
             merged = stats
         c = input.shape[1]
-        count, mean, m2 = merged[0], merged[1:1 + c], merged[1 + c:]
-        n = float(count)
-        if n == 1:
-            # What nn.BatchNorm refuses over the same global batch (the buffers stay as they were).
-            raise ValueError(f"Expected more than 1 value per channel when training, got 1 value per channel "
-                             f"over the process group (input of shape {tuple(input.shape)} on this rank)")
-        if n < 1:
-            # Every rank of the group is empty: nothing to normalize and no statistics to track.
-            running_mean = running_var = None
-            mean, invstd = torch.zeros_like(mean), torch.ones_like(m2)
-        else:
-            invstd = torch.rsqrt(m2 / n + eps)
-        if running_mean is not None:
-            with torch.no_grad():
-                running_mean.copy_((1 - momentum) * running_mean.double() + momentum * mean)
-        if running_var is not None:
-            with torch.no_grad():
-                unbiased = m2 / (n - 1) if n > 1 else torch.full_like(m2, float("inf"))
-                running_var.copy_((1 - momentum) * running_var.double() + momentum * unbiased)
-        ctx.save_for_backward(input, weight, mean, invstd, count.reshape(1))
+        count = merged[0]
+        local = input.numel() // c if c else 0
+        if local < 2 and not _capturing(input):
+            # Only a rank with fewer than 2 values of its own can be in a group with 1 value per channel in all:
+            # the host read of the global count (a sync on a GPU) is paid on such ranks alone.
+            if float(count) == 1:
+                # What nn.BatchNorm refuses over the same global batch (the buffers stay as they were).
+                raise ValueError(f"Expected more than 1 value per channel when training, got 1 value per channel "
+                                 f"over the process group (input of shape {tuple(input.shape)} on this rank)")
+        mean, invstd = ops.welford_finish(merged, running_mean, running_var, momentum, eps)
+        # The global count is at least 2 where this rank has 2 values; elsewhere it may be 0 (an all-empty group),
+        # which batch_norm_backward_elemt must not divide by.
+        saved_count = count.reshape(1) if local >= 2 else count.clamp(min=1).reshape(1)
+        ctx.save_for_backward(input, weight, mean, invstd, saved_count)
         ctx.process_group = process_group
         ctx.sync = sync
         return ops.batch_norm_elemt(input, weight, bias, mean, invstd, eps)
@@ -102,7 +110,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
                 dist.all_reduce(both, group=ctx.process_group)
                 sum_dy, sum_dy_xmu = both.split(sum_dy.numel())
             grad_in = ops.batch_norm_backward_elemt(grad_output, input, mean, invstd, weight, sum_dy, sum_dy_xmu,
-                                                    count.clamp(min=1))
+                                                    count)
         return grad_in, grad_w, grad_b, None, None, None, None, None, None
 
 
@@ -232,11 +240,12 @@ def _derived(kind: type, cls: type) -> type:
 
 @register("reference")
 class ReferenceImpl(Impl):
-    """The reference SyncBN: supports every case on every device the kernels are built for, outside CUDA graphs."""
+    """The reference SyncBN: supports every case on every device the kernels are built for, CUDA graphs included."""
 
     # Its backward is hand-written over kernels with no derivative of their own (no double backward), and its
-    # autograd Function is Python, which TorchScript cannot compile.
-    capabilities = Capabilities(convert=True, graph_capture=False, fullgraph=False, double_backward=False,
+    # autograd Function is Python, which TorchScript cannot compile. A training step has no host sync (see the
+    # module docstring): capturable in a CUDA graph.
+    capabilities = Capabilities(convert=True, graph_capture=True, fullgraph=False, double_backward=False,
                                 script=False)
 
     def version(self) -> str:
