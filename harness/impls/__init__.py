@@ -6,7 +6,6 @@
   SyncBatchNorm), :mod:`~harness.impls.torch_native` and
   :mod:`~harness.impls.torch_emulation` (torch's module on CPU),
   :mod:`~harness.impls.cuda_contract` (what torch's CUDA kernels accept, enforced by the emulation),
-  :mod:`~harness.impls.cuda_gather` (CUDA's merge of gathered statistics for half counts, as emulated),
   :mod:`~harness.impls.cuda_arith` (what they compute, transliterated: the emulation's arithmetic) and
   :mod:`~harness.impls.cuda_reduce` (its reductions, partial by partial),
   :mod:`~harness.impls.apex` (and :mod:`~harness.impls.apex_build`, its extension built from a user's

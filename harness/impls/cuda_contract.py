@@ -2,8 +2,8 @@
 
 Design note. Our CPU stand-ins for ``batch_norm_stats``,
 ``batch_norm_gather_stats_with_counts``, ``batch_norm_elemt``,
-``batch_norm_backward_reduce`` and ``batch_norm_backward_elemt`` compute in
-float64 whatever dtypes they are given, so without this module they accept
+``batch_norm_backward_reduce`` and ``batch_norm_backward_elemt`` convert
+whatever dtypes they are given (:mod:`~harness.impls.cuda_arith`), so alone they accept
 more than CUDA does, and a torch verdict made in cpu-emulation can be false (a
 float32 mean read as float64 by the gather: training "passes" on CPU and
 raises on a GPU). :func:`verdict` answers, for one call of one op with its

@@ -1,10 +1,9 @@
-"""CPU emulation of ``torch.nn.SyncBatchNorm``: torch's own Python code over our CPU kernels.
+"""CPU emulation of ``torch.nn.SyncBatchNorm``: torch's own Python code over CPU kernels doing CUDA's arithmetic.
 
 Upstream refuses CPU input, and the five ATen ops its autograd Function calls
 have CUDA kernels only. In rank processes (never in the parent), :func:`install`
-registers the reference extension's ops as the CPU kernels of exactly those
-ATen ops, through ``torch.library``, so that torch's module and Function run on
-CPU over gloo.
+registers CPU kernels for exactly those ATen ops, through ``torch.library``, so
+that torch's module and Function run on CPU over gloo.
 
 What is torch's (under test): ``torch.nn.SyncBatchNorm.forward`` (input
 checks, num_batches_tracked, the momentum or cumulative factor, the decision
@@ -15,18 +14,16 @@ count), dropping empty ranks, the cast of counts to the running statistics'
 dtype, what is saved for backward, the backward all_reduce of (sum_dy,
 sum_dy_xmu), the int32 count tensor, the weight cast), and gloo itself.
 
-What is ours: the arithmetic of the five ATen ops (kernels/cpu), written to
-the CUDA kernels' contract: statistics in float for half/bfloat16 input,
-outputs in the input dtype and memory format. So a defect in CUDA arithmetic
-is not visible here, and a difference in our arithmetic is ours, with one
-exception measured on a GPU: CUDA's merge of gathered statistics forms its
-running count in the counts' dtype, which half and bfloat16 counts round
-(overflowing past 65,504 in half), and :mod:`harness.impls.cuda_gather` does
-the same there. Before any
-arithmetic, each emulated op refuses what CUDA's kernel refuses, raising CUDA's
-exception with CUDA's message (:mod:`harness.impls.cuda_contract`): our kernels
-read any dtype, so without that check torch would pass on CPU where it raises
-on a GPU.
+What is ours: the arithmetic of the five ATen ops, transliterated from their
+CUDA kernels (:mod:`harness.impls.cuda_arith`): the same code path for a
+layout, the same dtype for every sum and count, the merge of gathered rows
+over every row (count 0 included), the reductions' partials in CUDA's order,
+CUDA's answer to an empty input (a reshape that raises, a launch refused,
+``(0, NaN)``). So a torch defect that CUDA's arithmetic exposes shows here too,
+and a difference from a GPU is ours (a few roundings, where nvcc fuses a
+multiply-add; ``cuda`` tests compare op by op). Before any arithmetic, each
+emulated op refuses what CUDA's kernel refuses, raising CUDA's exception with
+CUDA's message (:mod:`harness.impls.cuda_contract`).
 
 The module's device check: releases whose check consults
 ``torch._C._get_privateuse1_backend_name()`` run torch's own ``forward``
@@ -49,7 +46,7 @@ capture gives, by a function installed under the same names before dynamo
 first reads its rules, so dynamo treats it by torch's rule for that name.
 
 A build that cannot be emulated (no ``torch.library.Library``, an ATen op
-missing, reference kernels that do not build for it) is reported by
+missing) is reported by
 :func:`unavailable_reason`, and :func:`install` raises
 :class:`~harness.errors.ImplUnavailable` with that reason rather than failing
 inside torch.
@@ -70,9 +67,8 @@ from typing import Optional
 
 import torch
 
-from harness.impls import cuda_contract, cuda_gather
-from harness.kernels import extension
-from harness.errors import ImplUnavailable, KernelBuildError
+from harness.impls import cuda_arith, cuda_contract, cuda_reduce
+from harness.errors import ImplUnavailable
 from harness.paths import TORCH_PATH, setting
 
 OPS = ("batch_norm_stats", "batch_norm_gather_stats_with_counts", "batch_norm_elemt",
@@ -112,7 +108,6 @@ def conforms(op: str, names: list[str]) -> bool:
 
 def _kernel(op: str):
     names = arg_names(op)
-    ours = getattr(torch.ops.syncbn_ref, op)
     sums = backward_takes_counts()
     conform = conforms(op, names)
 
@@ -126,38 +121,32 @@ def _kernel(op: str):
         if verdict is not None and verdict.refusal is not None:
             raise verdict.refusal.exception()  # what CUDA raises for a combination its kernel refuses
         if op == "batch_norm_gather_stats_with_counts":
-            if cuda_gather.needed(a["counts"]):  # CUDA's merge rounds the running count to the counts' dtype
-                return cuda_gather.merge(a["mean"], a["invstd"], a["running_mean"], a["running_var"], a["momentum"],
-                                         a["eps"], a["counts"])
-            return ours(a["input"], a["mean"], a["invstd"], a["running_mean"], a["running_var"], a["momentum"],
-                        a["eps"], a["counts"])
+            return cuda_arith.batch_norm_gather_stats_with_counts(
+                a["input"], a["mean"], a["invstd"], a["running_mean"], a["running_var"], a["momentum"], a["eps"],
+                a["counts"])
         if op == "batch_norm_backward_reduce":
-            return _backward_reduce(ours, a, sums, verdict is not None and verdict.path == "channels_last")
+            return _backward_reduce(a, sums)
         if op == "batch_norm_backward_elemt":
             s = a.get("sum_dy", a.get("mean_dy"))
             sx = a.get("sum_dy_xmu", a.get("mean_dy_xmu"))
-            count = a["count"] if sums else torch.ones(1, dtype=torch.int32)
-            return ours(a["grad_out"], a["input"], a["mean"], a["invstd"], a.get("weight"), s, sx, count)
+            count = a["count"] if sums else torch.ones(1, dtype=torch.int32)  # means: divided by 1
+            return cuda_arith.batch_norm_backward_elemt(a["grad_out"], a["input"], a["mean"], a["invstd"],
+                                                        a.get("weight"), s, sx, count)
         if op == "batch_norm_elemt":
-            return ours(a["input"], a.get("weight"), a.get("bias"), a["mean"], a["invstd"], a.get("eps", 0.0))
-        return ours(a["input"], a["eps"])
+            return cuda_arith.batch_norm_elemt(a["input"], a.get("weight"), a.get("bias"), a["mean"], a["invstd"])
+        return cuda_arith.batch_norm_stats(a["input"], a["eps"])
 
-    call.__name__ = f"syncbn_ref_cpu_{op}"
+    call.__name__ = f"syncbn_emulated_cpu_{op}"
     return call
 
 
-def _backward_reduce(ours, a: dict, sums: bool, every: bool) -> tuple:
-    """Our backward_reduce, with the outputs CUDA returns: ``every`` (its channels-last kernel) computes all four
-    whatever the flags, and without a weight returns empty weight gradients in the mean's dtype."""
-    w = a.get("weight")
-    with_w = every and w is not None
-    out = ours(a["grad_out"], a["input"], a["mean"], a["invstd"], w, a["input_g"] or every, a["weight_g"] or with_w,
-               a["bias_g"] or with_w)
-    if every and w is None:
-        out = (out[0], out[1], a["mean"].new_empty(0), a["mean"].new_empty(0))
+def _backward_reduce(a: dict, sums: bool) -> tuple:
+    """CUDA's backward_reduce; releases whose backward_elemt takes means get the sums divided by the local count."""
+    out = cuda_arith.batch_norm_backward_reduce(a["grad_out"], a["input"], a["mean"], a["invstd"], a.get("weight"),
+                                                a["input_g"], a["weight_g"], a["bias_g"])
     if sums or out[0] is None:
         return out
-    n = max(a["input"].numel() // a["input"].shape[1], 1)  # releases whose backward_elemt takes means
+    n = max(a["input"].numel() // a["input"].shape[1], 1)
     return (out[0] / n, out[1] / n, out[2], out[3])
 
 
@@ -180,7 +169,7 @@ def hide_kernels_from_dynamo() -> None:
         pass  # older: skip each of our code objects the kernel runs
     skip_code = getattr(eval_frame, "skip_code", None)  # torch >= 2.1
     if skip_code is not None:
-        for c in (code, *_code_objects(cuda_contract)):
+        for c in (code, *(c for m in (cuda_contract, cuda_arith, cuda_reduce) for c in _code_objects(m))):
             skip_code(c)
 
 
@@ -206,8 +195,8 @@ def unavailable_reason() -> Optional[str]:
     """Why the CPU emulation cannot run with this torch build (None if it can), naming the fix.
 
     Checks what :func:`install` needs: ``torch.library.Library`` with ``IMPL``
-    registrations, the five ATen ops in the installed build, and the reference
-    extension (built here for this torch build if needed; a failed build is the reason).
+    registrations and the five ATen ops in the installed build. The arithmetic
+    is Python over torch (:mod:`harness.impls.cuda_arith`): nothing is built.
     """
     if not hasattr(torch, "library") or not hasattr(torch.library, "Library"):
         return (f"torch {torch.__version__} has no torch.library.Library, needed to register CPU kernels "
@@ -217,15 +206,12 @@ def unavailable_reason() -> Optional[str]:
             installed_schema(op)
         except RuntimeError as exc:
             return str(exc)
-    try:
-        extension.load()
-    except KernelBuildError as exc:
-        return f"the reference kernels do not build for torch {torch.__version__}: {exc}"
     return None
 
 
 def install() -> None:
-    """Register the reference kernels as the CPU kernels of the five ATen ops (once per process).
+    """Register CUDA's arithmetic (:mod:`harness.impls.cuda_arith`) as the CPU kernels of the five ATen ops (once
+    per process).
 
     Only ever called in rank processes. Raises :class:`ImplUnavailable` with the
     reason if this build cannot be emulated (see :func:`unavailable_reason`).
