@@ -46,13 +46,18 @@
 //   n' = n + k,  mean' = K + s1/n',  M2' = M2 + s2 - s1^2/n'
 // (exact algebra: the chunk merged into (n, mean, M2) by Chan's formula with
 // one division per chunk). A large offset over a small spread costs nothing:
-// d is small. Threads merge with Chan's formula (warp shuffles, then shared
-// memory); a channel split over blocks has each block write its partial, and
-// the last block to finish (a __threadfence + atomic ticket per channel or
-// column tile) merges the partials in split order relative to split 0's mean,
-// as sums (no division on that serial path), and writes the outputs in their
+// d is small. A block's threads merge as sums too: each thread's (n, mean, M2)
+// becomes (n, n*d, M2 + n*d^2) relative to its warp's lane-0 mean, warps add
+// by shuffles, warp 0 re-centres the warps' sums on one centre and adds them
+// (one division per block, not one per merge); the row kernels' column groups
+// merge with Chan's formula in shared memory. A channel split over blocks has
+// each block write its partial, and the last block to finish (a
+// __threadfence + atomic ticket per channel or column tile) merges the
+// partials in split order relative to split 0's mean, as sums (no division on
+// that serial path, loads two splits ahead), and writes the outputs in their
 // final dtype. Splits depend only on the shape: results are the same run to
-// run (and on every GPU).
+// run (and on every GPU). Row reductions use 512-thread blocks and about one
+// wave of them, so that the last block reads at most a few partials per thread.
 //
 // Elementwise. x - mean in float64 (mean can be a large offset over a tiny
 // spread), then, like the CPU kernels, the rest in float for
@@ -96,10 +101,12 @@ using common::View;
 using common::view_of;
 
 constexpr int kThreads = 256;               // threads per block (at most) of the big kernels
+constexpr int kRowThreads = 512;            // row reductions: more threads per column group for the last-block merge
 constexpr int64_t kMax32 = int64_t{1} << 30;  // 32-bit indices below this many elements...
 constexpr int64_t kMaxC32 = int64_t{1} << 22;  // ...and this many channels
-constexpr int64_t kTargetBlocks = 2048;     // plane reductions: about 2.5 waves of 256-thread blocks on an H100
-constexpr int64_t kTargetRowBlocks = 1024;  // row reductions (each split adds a partial per column)
+constexpr int64_t kTargetBlocks = 1024;     // plane reductions: about 1.3 waves of 256-thread blocks on an H100
+constexpr int64_t kTargetRowBlocks = 256;   // row reductions: one wave of 512-thread blocks; a split adds a
+                                            // partial per column that the tile's last block reads
 constexpr int kMaxPlanesPerTile = 256;
 constexpr int kPerChannelThreads = 128;
 constexpr unsigned kFullMask = 0xffffffffu;
@@ -159,27 +166,43 @@ bool writable_kind(int k) {
 }
 
 // A per-channel input read as double (half/bfloat16 through float, exactly); p == nullptr reads `fallback`.
+// raw() only loads the element's bits and decode() converts them: a kernel that needs several values
+// loads them all first, so their latencies overlap (a conversion inside each load's branch would wait).
 struct In {
   const void* p;
   int64_t stride;
   int kind;
   double fallback;
-  __device__ __forceinline__ double operator[](int64_t i) const {
-    if (p == nullptr) return fallback;
+  __device__ __forceinline__ uint64_t raw(int64_t i) const {
+    if (p == nullptr) return 0;
     const int64_t k = i * stride;
     switch (kind) {
-      case kF64: return static_cast<const double*>(p)[k];
-      case kF32: return static_cast<double>(static_cast<const float*>(p)[k]);
-      case kF16: return static_cast<double>(static_cast<float>(static_cast<const at::Half*>(p)[k]));
-      case kBF16: return static_cast<double>(static_cast<float>(static_cast<const at::BFloat16*>(p)[k]));
-      case kI64: return static_cast<double>(static_cast<const int64_t*>(p)[k]);
-      case kI32: return static_cast<double>(static_cast<const int32_t*>(p)[k]);
-      case kI16: return static_cast<double>(static_cast<const int16_t*>(p)[k]);
-      case kI8: return static_cast<double>(static_cast<const int8_t*>(p)[k]);
-      case kU8: return static_cast<double>(static_cast<const uint8_t*>(p)[k]);
-      default: return static_cast<const bool*>(p)[k] ? 1.0 : 0.0;
+      case kF64:
+      case kI64: return static_cast<const uint64_t*>(p)[k];
+      case kF32:
+      case kI32: return static_cast<const uint32_t*>(p)[k];
+      case kF16:
+      case kBF16:
+      case kI16: return static_cast<const uint16_t*>(p)[k];
+      default: return static_cast<const uint8_t*>(p)[k];
     }
   }
+  __device__ __forceinline__ double decode(uint64_t b) const {
+    if (p == nullptr) return fallback;
+    switch (kind) {
+      case kF64: return __longlong_as_double(static_cast<long long>(b));
+      case kF32: return static_cast<double>(__uint_as_float(static_cast<uint32_t>(b)));
+      case kF16: return static_cast<double>(static_cast<float>(at::Half(static_cast<uint16_t>(b), at::Half::from_bits())));
+      case kBF16: return static_cast<double>(__uint_as_float(static_cast<uint32_t>(b) << 16));
+      case kI64: return static_cast<double>(static_cast<int64_t>(b));
+      case kI32: return static_cast<double>(static_cast<int32_t>(static_cast<uint32_t>(b)));
+      case kI16: return static_cast<double>(static_cast<int16_t>(static_cast<uint16_t>(b)));
+      case kI8: return static_cast<double>(static_cast<int8_t>(static_cast<uint8_t>(b)));
+      case kU8: return static_cast<double>(static_cast<uint8_t>(b));
+      default: return b != 0 ? 1.0 : 0.0;
+    }
+  }
+  __device__ __forceinline__ double operator[](int64_t i) const { return decode(raw(i)); }
 };
 
 // A per-channel output written from double in its dtype (half/bfloat16 rounded through float, as
@@ -352,6 +375,11 @@ struct Two {
   double a, b;
 };
 
+// An M2 (or its increment), never below 0 by rounding (a NaN stays NaN).
+__device__ __forceinline__ double nonneg(double v) {
+  return v < 0.0 ? 0.0 : v;
+}
+
 __device__ __forceinline__ Mom shfl_down(const Mom& m, int off) {
   return {__shfl_down_sync(kFullMask, m.n, off), __shfl_down_sync(kFullMask, m.a, off),
           __shfl_down_sync(kFullMask, m.b, off)};
@@ -360,23 +388,6 @@ __device__ __forceinline__ Mom shfl_down(const Mom& m, int off) {
 __device__ __forceinline__ Two shfl_down(const Two& m, int off) {
   return {__shfl_down_sync(kFullMask, m.a, off), __shfl_down_sync(kFullMask, m.b, off)};
 }
-
-// Chan's parallel merge of (n, mean, M2) states.
-struct Chan {
-  __device__ __forceinline__ void operator()(Mom& x, const Mom& y) const {
-    if (y.n <= 0) return;
-    if (x.n <= 0) {
-      x = y;
-      return;
-    }
-    const double n = x.n + y.n;
-    const double delta = y.a - x.a;
-    const double frac = y.n / n;
-    x.a += delta * frac;
-    x.b += y.b + delta * delta * (x.n * frac);
-    x.n = n;
-  }
-};
 
 struct Add {
   __device__ __forceinline__ void operator()(Mom& x, const Mom& y) const {
@@ -411,6 +422,38 @@ __device__ __forceinline__ S block_reduce(S v, S* smem, M merge) {
     v = warp_reduce(v, merge);
   }
   return v;
+}
+
+// Thread 0 ends with the block's (count, mean, M2): each warp sums its threads' (n, n*d, M2 + n*d^2),
+// d = mean - the mean of its lane 0 (lane 0 idle: the whole warp is), warp 0 re-centres the warps' sums
+// on warp 0's centre and adds them; one division at the end instead of one per merge. `smem`: 4 doubles
+// per warp; callers separate two uses by a __syncthreads().
+__device__ __forceinline__ Mom block_moments(const Mom& st, double* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const double K = __shfl_sync(kFullMask, st.a, 0);
+  const double d = st.a - K;
+  Mom v{st.n, st.n * d, st.b + st.n * d * d};
+  v = warp_reduce(v, Add{});
+  if (lane == 0) {
+    smem[4 * warp] = v.n;
+    smem[4 * warp + 1] = v.a;
+    smem[4 * warp + 2] = v.b;
+    smem[4 * warp + 3] = K;
+  }
+  __syncthreads();
+  Mom out{0.0, 0.0, 0.0};
+  if (warp == 0) {
+    const bool on = lane < warps;
+    const double n = on ? smem[4 * lane] : 0.0, s1 = on ? smem[4 * lane + 1] : 0.0;
+    const double s2 = on ? smem[4 * lane + 2] : 0.0, Kw = on ? smem[4 * lane + 3] : 0.0;
+    const double K0 = __shfl_sync(kFullMask, Kw, 0);
+    const double e = n > 0 ? Kw - K0 : 0.0;  // sum over x of (x - K0) = s1 + n e; of (x - K0)^2 = s2 + 2 e s1 + n e^2
+    Mom w{n, s1 + n * e, s2 + e * (2.0 * s1 + n * e)};
+    w = warp_reduce(w, Add{});
+    const double q = w.a / w.n;
+    out = Mom{w.n, K0 + q, nonneg(w.b - w.a * q)};
+  }
+  return out;
 }
 
 // The last block of a group of `blocks` to call this (every thread calls it, after its block's
@@ -453,18 +496,16 @@ struct MomentsOut {
 struct GradOut {
   Out sum_dy, sum_dy_xmu, grad_weight, grad_bias;
   In invstd;
-  __device__ __forceinline__ void write(int64_t c, double s, double sx) const {
+  __device__ __forceinline__ void write(int64_t c, double s, double sx) const { write(c, s, sx, invstd[c]); }
+  // With invstd[c] read already (a writer of several columns loads them all first).
+  __device__ __forceinline__ void write(int64_t c, double s, double sx, double vi) const {
     sum_dy.set(c, s);
     sum_dy_xmu.set(c, sx);
-    if (grad_weight.p != nullptr) grad_weight.set(c, sx * invstd[c]);
+    if (grad_weight.p != nullptr) grad_weight.set(c, sx * vi);
     grad_bias.set(c, s);
   }
 };
 
-// M2 += s2 - s1 * q, never below 0 by rounding (a NaN stays NaN).
-__device__ __forceinline__ double nonneg(double v) {
-  return v < 0.0 ? 0.0 : v;
-}
 
 // ---------------------------------------------------------------- plane reductions (inner >= 2)
 
@@ -473,8 +514,7 @@ __device__ __forceinline__ double nonneg(double v) {
 template <typename T, int VEC, typename I>
 struct PlaneMoments {
   static constexpr int kU = kUnrollOf<T, VEC, 1>;
-  using State = Mom;
-  using Merge = Chan;
+  using State = Mom;  // merged by block_moments
   const T* __restrict__ x;
   MomentsOut out;
 
@@ -508,6 +548,7 @@ struct PlaneMoments {
   __device__ __forceinline__ Mom split_sums(const Mom* parts, int splits, int tid, int nthreads) const {
     const double K = __ldcg(&parts[0].a);
     Mom acc{0.0, 0.0, 0.0};
+#pragma unroll 2
     for (int s = tid; s < splits; s += nthreads) {
       const double n = __ldcg(&parts[s].n), d = __ldcg(&parts[s].a) - K;
       acc.n += n;
@@ -553,6 +594,7 @@ struct PlaneGrads {
   __device__ __forceinline__ void write(int64_t c, const Two& t) const { out.write(c, t.a, t.b); }
   __device__ __forceinline__ Two split_sums(const Two* parts, int splits, int tid, int nthreads) const {
     Two acc{0.0, 0.0};
+#pragma unroll 2
     for (int s = tid; s < splits; s += nthreads) {
       acc.a += __ldcg(&parts[s].a);
       acc.b += __ldcg(&parts[s].b);
@@ -572,6 +614,7 @@ __global__ void __launch_bounds__(kThreads) plane_reduce_kernel(P p, I C, I inne
   using S = typename P::State;
   constexpr int U = P::kU;
   __shared__ S warp_states[kThreads / 32];
+  __shared__ double centre_sums[4 * (kThreads / 32)];
   __shared__ bool is_last;
   const I c = static_cast<I>(blockIdx.x);
   const I bd = static_cast<I>(blockDim.x);
@@ -608,7 +651,11 @@ __global__ void __launch_bounds__(kThreads) plane_reduce_kernel(P p, I C, I inne
       if (e >= end) break;
     }
   }
-  st = block_reduce(st, warp_states, typename P::Merge{});
+  if constexpr (std::is_same<S, Mom>::value) {
+    st = block_moments(st, centre_sums);
+  } else {
+    st = block_reduce(st, warp_states, typename P::Merge{});
+  }
   if (gridDim.y == 1) {
     if (threadIdx.x == 0) p.write(c, st);
     return;
@@ -629,7 +676,7 @@ template <typename T, int VEC, typename I>
 struct RowMoments {
   // At most 4 rows: the loaded rows stay live over the VEC columns' updates (registers).
   static constexpr int kVec = VEC, kU = std::min(4, kUnrollOf<T, VEC, 1>), kWords = 1 + 2 * VEC, kPartWords = 2;
-  static constexpr int kMinBlocks = 1;  // forcing 5 or 6 blocks per SM spilled the column state (measured by ptxas)
+  static constexpr int kMinBlocks = 2;  // two 512-thread blocks per SM: at most 64 registers
   struct State {
     double n;
     double mean[VEC], m2[VEC];
@@ -714,6 +761,7 @@ struct RowMoments {
       s1[j] = s2[j] = 0;
       K[j] = __ldcg(parts + 2 * j);
     }
+#pragma unroll 2
     for (int s = first; s < splits; s += step) {
       const int64_t r0 = s * rows_per_split;
       const double ns = static_cast<double>(std::min(rows, r0 + rows_per_split) - r0);
@@ -746,7 +794,7 @@ struct RowMoments {
 template <typename T, int VEC, typename I>
 struct RowGrads {
   static constexpr int kVec = VEC, kU = kUnrollOf<T, VEC, 2>, kWords = 2 * VEC, kPartWords = 2;
-  static constexpr int kMinBlocks = 1;  // forcing 5 or 6 blocks per SM spilled the column state (measured by ptxas)
+  static constexpr int kMinBlocks = 2;  // two 512-thread blocks per SM: at most 64 registers
   struct State {
     double s[VEC], sx[VEC], mean[VEC];
   };
@@ -756,10 +804,13 @@ struct RowGrads {
   GradOut out;
 
   __device__ __forceinline__ void begin(State& st, int64_t col0) const {
+    uint64_t bits[VEC];  // all loads first: their latencies overlap
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) bits[j] = mean.raw(col0 + j);
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
       st.s[j] = st.sx[j] = 0;
-      st.mean[j] = mean[col0 + j];
+      st.mean[j] = mean.decode(bits[j]);
     }
   }
   __device__ __forceinline__ void chunk(State& st, const I (&off)[kU], const bool (&ok)[kU]) const {
@@ -791,8 +842,11 @@ struct RowGrads {
     for (int i = 0; i < kWords; ++i) w[i] += w2[i];
   }
   __device__ __forceinline__ void write(int64_t col0, const double* w) const {
+    uint64_t bits[VEC];
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) out.write(col0 + j, w[j], w[VEC + j]);
+    for (int j = 0; j < VEC; ++j) bits[j] = out.invstd.raw(col0 + j);  // null (no grad_weight): reads nothing
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) out.write(col0 + j, w[j], w[VEC + j], out.invstd.decode(bits[j]));
   }
   __device__ __forceinline__ void save_part(double* part, const double* w) const {
 #pragma unroll
@@ -803,15 +857,22 @@ struct RowGrads {
   }
   __device__ __forceinline__ void split_sums(double* w, const double* parts, int64_t split_words, int first,
                                              int step, int splits, int64_t, int64_t) const {
+    double a[VEC], b[VEC];  // in registers: w is shared memory, which the compiler would re-read each step
 #pragma unroll
-    for (int i = 0; i < kWords; ++i) w[i] = 0;
+    for (int j = 0; j < VEC; ++j) a[j] = b[j] = 0;
+#pragma unroll 2
     for (int s = first; s < splits; s += step) {
       const double* part = parts + s * split_words;
 #pragma unroll
       for (int j = 0; j < VEC; ++j) {
-        w[j] += __ldcg(part + 2 * j);
-        w[VEC + j] += __ldcg(part + 2 * j + 1);
+        a[j] += __ldcg(part + 2 * j);
+        b[j] += __ldcg(part + 2 * j + 1);
       }
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+      w[j] = a[j];
+      w[VEC + j] = b[j];
     }
   }
   __device__ __forceinline__ void write_sums(int64_t col0, const double* w, const double*) const { write(col0, w); }
@@ -822,7 +883,7 @@ struct RowGrads {
 // Phases meet in shared memory: the by states of each column group merge in a fixed tree; one
 // split writes its outputs, several write partials [split][C][2] that the tile's last block merges.
 template <typename P, typename I>
-__global__ void __launch_bounds__(kThreads, P::kMinBlocks) row_reduce_kernel(P p, I rows, I C, I rows_per_split,
+__global__ void __launch_bounds__(kRowThreads, P::kMinBlocks) row_reduce_kernel(P p, I rows, I C, I rows_per_split,
                                                               double* partials, unsigned int* counters) {
   constexpr int VEC = P::kVec, U = P::kU, W = P::kWords;
   extern __shared__ double words[];
@@ -956,7 +1017,8 @@ void reduce(const View& v, const T* x, const T* dy, at::Device dev, const O& emp
       using S = typename P::State;
       const int64_t inner_v = inner / VEC, len_v = outer * inner_v;
       const int threads = pow2_at_least(ceil_div(len_v, P::kU), 32, kThreads);
-      int64_t splits = std::min(ceil_div(kTargetBlocks, C), std::max<int64_t>(1, len_v / (threads * P::kU)));
+      // At least two chunks per thread: a block's merge and ticket cost as much as a chunk.
+      int64_t splits = std::min(ceil_div(kTargetBlocks, C), std::max<int64_t>(1, len_v / (2 * threads * P::kU)));
       splits = std::min<int64_t>(splits, 65535);
       const int64_t split_v = ceil_div(len_v, splits);
       splits = ceil_div(len_v, split_v);
@@ -977,7 +1039,7 @@ void reduce(const View& v, const T* x, const T* dy, at::Device dev, const O& emp
     auto p = make_row(vec, idx);
     using P = decltype(p);
     const int64_t Cv = C / VEC, rows = outer;
-    const int bx = pow2_at_least(Cv, 1, 32), by = kThreads / bx;
+    const int bx = pow2_at_least(Cv, 1, 32), by = kRowThreads / bx;
     const int64_t tiles = ceil_div(Cv, bx);
     int64_t splits = std::min(ceil_div(kTargetRowBlocks, tiles), std::max<int64_t>(1, rows / (by * P::kU)));
     splits = std::min<int64_t>(splits, 65535);
@@ -987,7 +1049,7 @@ void reduce(const View& v, const T* x, const T* dy, at::Device dev, const O& emp
     if (splits > 1) s = scratch_of(splits * C * P::kPartWords, tiles, dev);
     const dim3 grid(grid_dim(tiles, std::numeric_limits<int32_t>::max(), "the column grid"),
                     static_cast<unsigned int>(splits));
-    const size_t smem = sizeof(double) * P::kWords * kThreads;
+    const size_t smem = sizeof(double) * P::kWords * kRowThreads;
     row_reduce_kernel<P, I><<<grid, dim3(bx, by), smem, stream()>>>(
         p, static_cast<I>(rows), static_cast<I>(C), static_cast<I>(rows_per_split), s.partials, s.counters);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -1024,7 +1086,8 @@ struct AffineMap {
   In counts;  // unused
   double host_total;
   __device__ __forceinline__ Coef coef(int64_t c, double) const {
-    return {mean[c], static_cast<E>(invstd[c] * weight[c]), static_cast<E>(bias[c])};
+    const uint64_t m = mean.raw(c), i = invstd.raw(c), w = weight.raw(c), b = bias.raw(c);
+    return {mean.decode(m), static_cast<E>(invstd.decode(i) * weight.decode(w)), static_cast<E>(bias.decode(b))};
   }
   __device__ __forceinline__ static T apply(T x, T, const Coef& k) {
     const E d = static_cast<E>(to_d(x) - k.mean);
@@ -1049,9 +1112,10 @@ struct BackwardMap {
   int64_t n_counts;
   double host_total;
   __device__ __forceinline__ Coef coef(int64_t c, double inv_total) const {
-    const double vi = invstd[c];
-    return {mean[c], static_cast<E>(sum_dy[c] * inv_total), static_cast<E>(sum_dy_xmu[c] * inv_total * vi * vi),
-            static_cast<E>(vi * weight[c])};
+    const uint64_t m = mean.raw(c), i = invstd.raw(c), w = weight.raw(c), s = sum_dy.raw(c), sx = sum_dy_xmu.raw(c);
+    const double vi = invstd.decode(i);
+    return {mean.decode(m), static_cast<E>(sum_dy.decode(s) * inv_total),
+            static_cast<E>(sum_dy_xmu.decode(sx) * inv_total * vi * vi), static_cast<E>(vi * weight.decode(w))};
   }
   __device__ __forceinline__ static T apply(T x, T dy, const Coef& k) {
     const E d = static_cast<E>(to_d(x) - k.mean);
@@ -1302,18 +1366,20 @@ struct GatherFn {
   In rm_in, rv_in;
   Out rm_out, rv_out;
   __device__ void operator()(int64_t c) const {
+    const uint64_t rm_bits = rm_in.raw(c), rv_bits = rv_in.raw(c);  // loaded now, used last
     double n = 0, avg = 0, var_n = 0;
     for (int64_t j = 0; j < W; ++j) {
-      const double cnt = counts[j];
+      const uint64_t cb = counts.raw(j), mb = mean.raw(j * C + c), ib = invstd.raw(j * C + c);
+      const double cnt = counts.decode(cb);
       if (cnt <= 0) continue;
-      const double inv = invstd[j * C + c];
+      const double inv = invstd.decode(ib);
       const double var = __dsub_rn(1.0 / __dmul_rn(inv, inv), eps);
-      chan_merge_rn(n, avg, var_n, cnt, mean[j * C + c], __dmul_rn(var, cnt));
+      chan_merge_rn(n, avg, var_n, cnt, mean.decode(mb), __dmul_rn(var, cnt));
     }
     out_mean.set(c, avg);
     out_invstd.set(c, 1.0 / ::sqrt(__dadd_rn(var_n / n, eps)));
-    if (rm_out.p != nullptr) rm_out.set(c, blend(rm_in[c], avg, momentum));
-    if (rv_out.p != nullptr) rv_out.set(c, blend(rv_in[c], var_n / __dsub_rn(n, 1.0), momentum));
+    if (rm_out.p != nullptr) rm_out.set(c, blend(rm_in.decode(rm_bits), avg, momentum));
+    if (rv_out.p != nullptr) rv_out.set(c, blend(rv_in.decode(rv_bits), var_n / __dsub_rn(n, 1.0), momentum));
   }
 };
 
@@ -1359,6 +1425,7 @@ struct FinishFn {
   In rm_in, rv_in;
   Out rm_out, rv_out;
   __device__ void operator()(int64_t c) const {
+    const uint64_t rm_bits = rm_in.raw(c), rv_bits = rv_in.raw(c);
     const double n = row[0], mean = row[1 + c], m2 = row[1 + C + c];
     if (!(n >= 2)) {
       const double nan = __longlong_as_double(0x7ff8000000000000LL);
@@ -1368,8 +1435,8 @@ struct FinishFn {
     }
     out_mean[c] = mean;
     out_invstd[c] = 1.0 / ::sqrt(__dadd_rn(m2 / n, eps));
-    if (rm_out.p != nullptr) rm_out.set(c, blend(rm_in[c], mean, momentum));
-    if (rv_out.p != nullptr) rv_out.set(c, blend(rv_in[c], m2 / __dsub_rn(n, 1.0), momentum));
+    if (rm_out.p != nullptr) rm_out.set(c, blend(rm_in.decode(rm_bits), mean, momentum));
+    if (rv_out.p != nullptr) rv_out.set(c, blend(rv_in.decode(rv_bits), m2 / __dsub_rn(n, 1.0), momentum));
   }
 };
 
