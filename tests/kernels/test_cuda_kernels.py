@@ -321,7 +321,8 @@ def test_welford_finish(kernels, drawn, momentum, running_dtype):
                                        ((128, 8, 128, 256), torch.channels_last),  # rows, vector columns
                                        ((3, 2, 2**22 + 5), torch.contiguous_format)],  # long odd runs
                          ids=["nchw-c1", "2d-c1", "nhwc-c8", "ncl-odd"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16],
+                         ids=["float32", "float16", "bfloat16"])
 def test_large_inputs_split_over_many_blocks(kernels, shape, fmt, dtype):
     """2^25 elements in a channel (hundreds of split partials merged by the last block): statistics, welford rows
     and the backward sums against float64, run twice (the same bits: fixed splits and merge order)."""
@@ -354,9 +355,8 @@ def test_misaligned_inputs_take_the_scalar_path(kernels, fmt):
     x = base[1:].view(6, 64, 8, 8)
     if fmt == torch.channels_last:
         x = base[1:].view(6, 8, 8, 64).permute(0, 3, 1, 2)
-    xd = x.to(DEV)
-    xd = torch.empty(xd.numel() + 1, device=DEV)[1:].view(x.permute(0, 2, 3, 1).shape if fmt == torch.channels_last
-                                                           else x.shape)
+    xd = torch.empty(x.numel() + 1, device=DEV)[1:].view(x.permute(0, 2, 3, 1).shape if fmt == torch.channels_last
+                                                          else x.shape)
     xd = (xd.permute(0, 3, 1, 2) if fmt == torch.channels_last else xd)
     xd.copy_(x)
     assert xd.data_ptr() % 16 != 0 and xd.is_contiguous(memory_format=fmt)
@@ -384,10 +384,10 @@ def test_per_channel_tensors_are_read_in_their_own_dtype(kernels):
     s, sx, _, _ = kernels.batch_norm_backward_reduce(dy, x, mean, invstd, w, True, False, False)
     count = torch.tensor([x.numel() // 6], device=DEV)
     for dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
-        def q(t):
+        def q(t, dtype=dtype):
             return t.to(dtype)
 
-        def q64(t):
+        def q64(t, dtype=dtype):
             return t.to(dtype).double()
 
         got = kernels.batch_norm_elemt(x, q(w), q(b), q(mean), q(invstd), EPS)
