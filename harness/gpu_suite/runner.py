@@ -9,8 +9,9 @@ Protocol:
   together and are all joined before the next wave. ``early`` steps start
   with the first wave and ``starts_with`` steps with the step they name; both
   are joined at their own turn, under their own limit counted from their
-  start. Before an ``exclusive`` step (one that times something) every step
-  started ahead of its turn is waited for, so nothing else runs beside it.
+  start. Before an ``exclusive`` step (one that times something) every
+  ``early`` step still running (a build) is waited for; a ``starts_with`` step
+  (CPU work planned to overlap) may run on beside it.
 - After every step, ``steps.json`` in the work folder is rewritten: a suite
   stopped at any point leaves the outcome of everything that ran.
 - A step is ``not run``, with the reason, when the plan says it cannot run
@@ -204,7 +205,8 @@ def run_steps(steps: list[Step], work: Path, env: dict, budget_s: float, *, head
                 if child is None:
                     if step.exclusive:
                         for other in ahead.values():
-                            other.settle()
+                            if other.step.early:
+                                other.settle()
                     child = start(step)
                 if child is None:
                     planned.append((step, "the suite's time budget was spent"))

@@ -6,17 +6,17 @@ the most useful part first:
 1. the reference kernels built for the GPU present (required: nothing after
    it can work without them); apex's ``syncbn`` extension builds beside it;
 2. the CUDA kernel tests, then the kernel benchmark and the ``ncu`` profile,
-   each alone on the machine (they time things);
-3. one wave of the layer cases on CUDA (torch's native kernels and the
-   reference; the ``nccl-contract`` cases among them run torch's non-gloo
-   path on CUDA tensors), apex's layer cases, every standalone repro and the
-   probe of NCCL with two ranks on one GPU, side by side (16 CPUs, one GPU);
-4. one wave of the training systems (DDP, training loops, conversion) for
-   torch, the reference and apex, and a few compile cases;
-5. the same cases in cpu-emulation on this machine's CPUs (the same torch
-   build, so the fidelity table compares like with like), started with the
-   layer wave; nccl's own families where the machine allows them; the
-   fidelity table; the report.
+   each alone on the GPU (they time things); the cpu-emulation of the same
+   cases starts with the tests, on this machine's CPUs (the same torch build,
+   so that the fidelity table compares like with like);
+3. one wave of every case run on CUDA, side by side (16 CPUs, one GPU): the
+   layer cases for torch's native kernels and the reference (the
+   ``nccl-contract`` cases among them run torch's non-gloo path on CUDA
+   tensors), apex's layer cases, the training systems (DDP, training loops,
+   conversion) for the three, a few compile cases, every standalone repro and
+   the probe of NCCL with two ranks on one GPU;
+4. nccl's own families where the machine allows them; the fidelity table;
+   the report.
 
 A step that cannot run here is planned anyway, as ``not run`` with the reason
 (no apex checkout, no ``ncu``, one GPU and an NCCL that refuses two ranks on
@@ -36,6 +36,7 @@ REPORT_RESERVE_S = 30  # kept back from every other step, so that the report is 
 KILL_AFTER_S = 10  # SIGKILL this long after SIGTERM (harness commands reap their ranks on SIGTERM)
 DEFAULT_BUDGET_S = 450
 CASE_TIMEOUT_S = 30  # per case on the GPU: a hang costs this, once (no diagnosis re-run)
+BENCH_REPEAT = 10  # CUDA-graph replays per figure: 69 shapes in about half a minute on an H200
 COMPILE_TIMEOUT_S = 150  # inductor's first CUDA compile in a rank takes a minute or more
 SLOW_ON_GPU = ("compile",)  # inductor's CUDA compiles take minutes per case: only COMPILE_CASES run
 # One per backend family: dynamo alone, AOT autograd, and inductor's generated CUDA code.
@@ -150,16 +151,17 @@ def plan(i: Inputs) -> list[Step]:
              Step("build-apex", (*harness, "build-apex", "--src", str(i.apex_src), "--cuda-arch", i.arch),
                   "build-apex.txt", 240, early=True, skip=apex_skip)]
     steps.append(Step("pytest -m cuda", (i.python, "-m", "pytest", str(i.tests), "-m", "cuda", "-p",
-                                         "no:cacheprovider", "-q", "-rfEs", "-n", "4",
+                                         "no:cacheprovider", "-q", "-rfEs", "-n", "8",
                                          "--junitxml=" + str(i.work / "pytest-cuda.xml")),
                       "pytest-cuda.txt", 150,
                       skip=None if i.tests else "an installed copy of the harness: no tests/ folder beside it"))
-    steps.append(Step("bench kernels", (*harness, "bench", "kernels", "--device", "cuda", "--format", "json"),
+    steps.append(Step("bench kernels", (*harness, "bench", "kernels", "--device", "cuda", "--format", "json",
+                                        "--repeat", str(BENCH_REPEAT)),
                       "bench-kernels.txt", 120, stdout="bench.json", exclusive=True))
     steps.append(Step("ncu profile", (i.python, "-m", "harness.gpu_suite.profile", "--ncu", str(i.ncu),
                                       "--out", str(i.work)), "ncu.txt", 90, exclusive=True,
                       skip=None if i.ncu else "no Nsight Compute (ncu) on this machine"))
-    # The layer wave.
+    # One wave of every case run on CUDA.
     steps.append(Step("layer cases, gloo", (*gloo, "--impl", "torch", "--impl", "reference", *layers),
                       "run-gloo.txt", 200))
     steps.append(Step("layer cases, gloo, apex", (*gloo, "--impl", "apex", *layers), "run-apex.txt", 150,
@@ -174,10 +176,9 @@ def plan(i: Inputs) -> list[Step]:
                                                      str(i.work / "nccl-probe.json")),
                       "nccl-probe.txt", 60, with_previous=True, ok_exits=(0, 1),
                       skip=None if i.gpus >= 1 and i.nccl else "torch carries no NCCL here"))
-    # The training-system wave.
     systems = system_selection()
     steps.append(Step("training systems, gloo", (*gloo, "--impl", "torch", "--impl", "reference", *systems),
-                      "run-systems.txt", 200))
+                      "run-systems.txt", 200, with_previous=True))
     steps.append(Step("training systems, gloo, apex", (*gloo, "--impl", "apex", *systems), "run-systems-apex.txt",
                       200, with_previous=True, **apex))
     steps.append(Step("compile cases, gloo", (*harness, "run", "--device", "cuda", "--store", results, "--timeout",
@@ -193,7 +194,7 @@ def plan(i: Inputs) -> list[Step]:
     emulated = i.emulated or i.work / "emulated"
     if i.emulated is None:
         steps.append(Step("cpu-emulation", (*harness, "gpu-suite", "--prepare-emulated", str(emulated)),
-                          "cpu-emulation.txt", 300, starts_with="layer cases, gloo"))
+                          "cpu-emulation.txt", 300, starts_with="pytest -m cuda"))
     steps.append(Step("fidelity", (*harness, "fidelity", "--emulated", str(emulated), "--native", results,
                                    "--impl", "torch", "--impl", "reference", "--out", str(i.work / "fidelity.md")),
                       "fidelity.txt", 60, needs=() if i.emulated else ("cpu-emulation",)))

@@ -38,11 +38,11 @@ def test_the_steps_come_in_order_of_value(tmp_path):
     assert by["build-apex"].early  # needs no GPU: it compiles while the reference kernels do
     assert by["report"].closing
     assert by["bench kernels"].exclusive and by["ncu profile"].exclusive  # they time things: alone on the machine
-    # Two waves side by side: the layer cases with apex's, the repros and the NCCL probe; the training systems
-    # with apex's and the compile cases.
+    # One wave side by side: every case run on CUDA, the repros and the NCCL probe.
     assert [n for n in names if by[n].with_previous] == ["layer cases, gloo, apex", "repros",
-                                                         "nccl two ranks on one GPU", "training systems, gloo, apex",
-                                                         "compile cases, gloo", "cuda-graph family, nccl"]
+                                                         "nccl two ranks on one GPU", "training systems, gloo",
+                                                         "training systems, gloo, apex", "compile cases, gloo",
+                                                         "cuda-graph family, nccl"]
     assert by["nccl two ranks on one GPU"].ok_exits == (0, 1)  # a refusal is an answer, not a failed step
     run = by["layer cases, gloo"].argv
     assert run[:3] == ("py", "-m", "harness") and "--no-diagnose" in run
@@ -74,7 +74,7 @@ def test_what_cannot_run_here_is_planned_as_not_run_with_the_reason(tmp_path):
     assert not by["nccl two ranks on one GPU"].skip  # the probe runs: the refusal is the evidence
     # cpu-emulation of the same cases on this machine's CPUs (the same torch build), started with the layer wave
     emu = by["cpu-emulation"]
-    assert emu.starts_with == "layer cases, gloo" and "--prepare-emulated" in emu.argv
+    assert emu.starts_with == "pytest -m cuda" and "--prepare-emulated" in emu.argv
     assert by["fidelity"].needs == ("cpu-emulation",) and str(tmp_path / "work" / "emulated") in by["fidelity"].argv
     assert [s.name for s in steps].index("cpu-emulation") < [s.name for s in steps].index("fidelity")
 

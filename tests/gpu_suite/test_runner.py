@@ -142,6 +142,17 @@ def test_an_exclusive_step_waits_for_the_early_ones(tmp_path):
     assert float(seen["bench"]) >= float(seen["build"])
 
 
+def test_an_exclusive_step_does_not_wait_for_cpu_work_started_with_another(tmp_path):
+    """CPU work planned to overlap (the cpu-emulation) runs on beside the benchmark: the suite does not stall."""
+    steps = [sh("tests", "true"), sh("bench", "true", exclusive=True),
+             sh("emulation", "sleep 3", starts_with="tests")]
+    t0 = time.monotonic()
+    out = run_steps(steps, tmp_path, dict(os.environ), 300, header={}, echo=lambda _: None)
+    assert [o.outcome for o in out] == [PASSED] * 3
+    bench = next(o for o in out if o.step == "bench")
+    assert bench.seconds < 2 and time.monotonic() - t0 < 6
+
+
 def test_steps_that_cannot_run_say_why_and_the_rest_runs(tmp_path):
     steps = [sh("build-apex", "exit 1", early=True), sh("tests", "true"),
              sh("apex cases", "echo never", needs=("build-apex",)),
