@@ -7,8 +7,14 @@ PEP 440 specifier) and, where the entry names them, device (a defect that shows
 only on ``cuda``, say, because it needs a copy that only a move to the GPU makes)
 and mode (the start of the record's mode: apex's ``python-fallback`` and not its
 ``optimized`` extension, say):
-- the record has the entry's expected status: ``matched``; the failure is
-  expected and does not fail ``run``/``check``/``gate``;
+- the record has the entry's expected status and every one of its failures
+  (:func:`harness.results.symptoms.failures`) is one the entry's ``symptoms``
+  name: ``matched``; the failure is expected and does not fail
+  ``run``/``check``/``gate``;
+- the record has the expected status but also a failure the entry does not
+  name: not matched, and ``unexpected`` lists those failures; a second defect
+  landing on a case that already fails as known is a real failure, and its
+  message says so first;
 - the record passes: ``now_passes``; reported so the entry can be retired;
 - any other status: neither; a different failure is a real one.
 """
@@ -26,6 +32,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import UsageError
+from harness.results import symptoms as symptoms_mod
 from harness.results.records import KnownIssueMatch, Record, Status
 
 if sys.version_info >= (3, 11):
@@ -48,6 +55,7 @@ class KnownIssue:
     note: str = ""
     device: Optional[str] = None  # "cpu" or "cuda": the entry covers that device's records only; None: any
     mode: Optional[str] = None  # the records whose mode starts with this only; None: any
+    symptoms: tuple[str, ...] = ()  # shell-style patterns over harness.results.symptoms.failures lines
 
     def covers(self, impl: str, case: str, version: Version, device: Optional[str] = None,
                mode: Optional[str] = None) -> bool:
@@ -80,7 +88,7 @@ def load(path: Optional[str] = None) -> tuple[KnownIssue, ...]:
         missing = [k for k in REQUIRED if k not in e]
         if missing:
             raise UsageError(f"{p}: issue #{i + 1} lacks {', '.join(missing)} (needs {', '.join(REQUIRED)})")
-        for key in ("impl", "cases", "status"):
+        for key in ("impl", "cases", "status", *(("symptoms",) if "symptoms" in e else ())):
             values = e[key] if isinstance(e[key], list) else [e[key]]
             if not values or not all(isinstance(v, str) and v for v in values):
                 raise UsageError(f"{p}: issue #{i + 1} {key} = {e[key]!r}: give a non-empty string or a list of them")
@@ -108,11 +116,17 @@ def load(path: Optional[str] = None) -> tuple[KnownIssue, ...]:
         if mode is not None and (not isinstance(mode, str) or not mode):
             raise UsageError(f"{p}: issue #{i + 1} mode = {mode!r}: give the start of a record's mode as a "
                              "string (e.g. \"python-fallback\"), or leave it out")
+        named = e.get("symptoms", ["*"])  # TRANSITION: an entry without symptoms still matches by status alone
+        named = named if isinstance(named, list) else [named]
+        for pattern in (named if "symptoms" in e else ()):
+            why = symptoms_mod.check_pattern(pattern)
+            if why:
+                raise UsageError(f"{p}: issue #{i + 1} symptoms: {why}")
         patterns = e["cases"] if isinstance(e["cases"], list) else [e["cases"]]
         impls = e["impl"] if isinstance(e["impl"], list) else [e["impl"]]
         entries.append(KnownIssue(impl=tuple(impls), cases=tuple(patterns), torch=spec, status=tuple(statuses),
                                   link=e["link"], note=" ".join(str(e.get("note", "")).split()), device=device,
-                                  mode=mode))
+                                  mode=mode, symptoms=tuple(named)))
     return tuple(entries)
 
 
@@ -130,7 +144,13 @@ def annotate(record: Record, path: Optional[str] = None) -> Record:
     """Set ``record.known_issue`` from the known-issues file (see the module docstring)."""
     e = match(record.impl, record.case, record.torch_version, path, record.device, record.mode)
     if e is not None:
+        expected = record.status.value in e.status
+        unexpected = symptoms_mod.unexplained(symptoms_mod.failures(record), e.symptoms) if expected else ()
         record.known_issue = KnownIssueMatch(link=e.link, expected=e.status, note=e.note,
-                                             matched=record.status.value in e.status,
-                                             now_passes=record.status == Status.PASS)
+                                             matched=expected and not unexpected,
+                                             now_passes=record.status == Status.PASS, unexpected=unexpected)
+        if unexpected:
+            record.message = (f"beside the known issue {e.link}, {len(unexpected)} unexpected failure(s): "
+                              + "; ".join(unexpected[:3]) + (" ..." if len(unexpected) > 3 else "")
+                              + (f" | {record.message}" if record.message else ""))
     return record

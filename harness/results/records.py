@@ -93,10 +93,12 @@ class RankOutcome:
 class KnownIssueMatch:
     """What the known-issues file says of a record.
 
-    ``matched``: the record has the entry's expected failure status (expected;
-    it fails nothing). ``now_passes``: the record passes although the entry
-    expects a failure (the entry may be retired). Otherwise the record fails in
-    another way than the entry expects, which is a real failure.
+    ``matched``: the record has the entry's expected failure status and every
+    one of its failures is a symptom the entry names (expected; it fails
+    nothing). ``now_passes``: the record passes although the entry expects a
+    failure (the entry may be retired). Otherwise the record fails in another
+    way than the entry expects, which is a real failure; ``unexpected`` lists
+    its failures the entry does not name (a second defect beside the known one).
     """
 
     link: str
@@ -104,15 +106,17 @@ class KnownIssueMatch:
     note: str = ""
     matched: bool = False
     now_passes: bool = False
+    unexpected: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return {"link": self.link, "expected": list(self.expected), "note": self.note, "matched": self.matched,
-                "now_passes": self.now_passes}
+                "now_passes": self.now_passes, "unexpected": list(self.unexpected)}
 
     @classmethod
     def from_dict(cls, d: dict) -> "KnownIssueMatch":
         return cls(link=d.get("link", ""), expected=tuple(d.get("expected", ())), note=d.get("note", ""),
-                   matched=bool(d.get("matched")), now_passes=bool(d.get("now_passes")))
+                   matched=bool(d.get("matched")), now_passes=bool(d.get("now_passes")),
+                   unexpected=tuple(d.get("unexpected") or ()))
 
 
 @dataclass(frozen=True)
@@ -242,6 +246,8 @@ class Record:
             return f"{self.status.value} (known)"
         if self.known_issue and self.known_issue.now_passes:
             return "pass (known issue fixed?)"
+        if self.known_issue and self.known_issue.unexpected:
+            return f"{self.status.value} (beside a known issue)"
         return self.status.value
 
 
