@@ -5,18 +5,18 @@ the most useful part first:
 
 1. the reference kernels built for the GPU present (required: nothing after
    it can work without them); apex's ``syncbn`` extension builds beside it;
-2. the CUDA kernel tests, then the kernel benchmark and the ``ncu`` profile,
-   each alone on the GPU (they time things); the cpu-emulation of the same
-   cases starts with the tests, on this machine's CPUs (the same torch build,
-   so that the fidelity table compares like with like);
+2. the CUDA kernel tests, then the kernel benchmark alone on the GPU (it times
+   things); the cpu-emulation of the same cases starts with the tests, on this
+   machine's CPUs (the same torch build, so that the fidelity table compares
+   like with like);
 3. one wave of every case run on CUDA, side by side (16 CPUs, one GPU): the
    layer cases for torch's native kernels and the reference (the
    ``nccl-contract`` cases among them run torch's non-gloo path on CUDA
    tensors), apex's layer cases, the training systems (DDP, training loops,
    conversion) for the three, a few compile cases, every standalone repro and
    the probe of NCCL with two ranks on one GPU;
-4. nccl's own families where the machine allows them; the fidelity table;
-   the report.
+4. the ``ncu`` profile, alone on the GPU; nccl's own families where the
+   machine allows them; the fidelity table; the report.
 
 A step that cannot run here is planned anyway, as ``not run`` with the reason
 (no apex checkout, no ``ncu``, one GPU and an NCCL that refuses two ranks on
@@ -158,9 +158,6 @@ def plan(i: Inputs) -> list[Step]:
     steps.append(Step("bench kernels", (*harness, "bench", "kernels", "--device", "cuda", "--format", "json",
                                         "--repeat", str(BENCH_REPEAT)),
                       "bench-kernels.txt", 120, stdout="bench.json", exclusive=True))
-    steps.append(Step("ncu profile", (i.python, "-m", "harness.gpu_suite.profile", "--ncu", str(i.ncu),
-                                      "--out", str(i.work)), "ncu.txt", 90, exclusive=True,
-                      skip=None if i.ncu else "no Nsight Compute (ncu) on this machine"))
     # One wave of every case run on CUDA.
     steps.append(Step("layer cases, gloo", (*gloo, "--impl", "torch", "--impl", "reference", *layers),
                       "run-gloo.txt", 200))
@@ -185,6 +182,9 @@ def plan(i: Inputs) -> list[Step]:
                                               str(COMPILE_TIMEOUT_S), "--no-diagnose", "--backend", "gloo",
                                               "--impl", "torch", "--impl", "reference", *compile_selection()),
                       "run-compile.txt", 200, with_previous=True))
+    steps.append(Step("ncu profile", (i.python, "-m", "harness.gpu_suite.profile", "--ncu", str(i.ncu),
+                                      "--out", str(i.work)), "ncu.txt", 60, exclusive=True,
+                      skip=None if i.ncu else "no Nsight Compute (ncu) on this machine"))
     nccl_skip = _nccl_skip(i)
     steps.append(Step("layer cases, nccl", (*run, "--backend", "nccl", "--impl", "torch", "--impl", "reference",
                                             *layers), "run-nccl.txt", 180, skip=nccl_skip))

@@ -29,9 +29,9 @@ def test_the_steps_come_in_order_of_value(tmp_path):
     steps = plan(inputs(tmp_path, apex_src=tmp_path / "apex", apex_pythonpath="A:B", emulated=tmp_path / "emu",
                         repros=(tmp_path / "r1.py", tmp_path / "r2.py"), ncu="/opt/ncu", nccl=(2, 28, 9)))
     names = [s.name for s in steps]
-    assert names == ["build-kernels", "build-apex", "pytest -m cuda", "bench kernels", "ncu profile",
+    assert names == ["build-kernels", "build-apex", "pytest -m cuda", "bench kernels",
                      "layer cases, gloo", "layer cases, gloo, apex", "repros", "nccl two ranks on one GPU",
-                     "training systems, gloo", "training systems, gloo, apex", "compile cases, gloo",
+                     "training systems, gloo", "training systems, gloo, apex", "compile cases, gloo", "ncu profile",
                      "layer cases, nccl", "cuda-graph family, nccl", "fidelity", "report"]
     by = {s.name: s for s in steps}
     assert by["build-kernels"].required and by["build-kernels"].argv[-2:] == ("--cuda-arch", "9.0")
