@@ -62,9 +62,10 @@ def test_reference_and_torch_compiled_agree_with_eager_and_the_oracle_and_say_wh
             assert not [s for s in said if "collectives.py" in s or "torch_emulation" in s], said
     reference = {r.case: r for r in records if r.impl == "reference"}
     stats = reference[LAYER_EAGER].compile["ranks"]["0"]
-    # The reference reads the global count on the host: a graph break there, every training step.
-    assert stats["graphs"] >= 1 and any("item()" in b["reason"] and "reference.py" in b["where"]
-                                        for b in stats["graph_breaks"]), stats
+    # The reference reads no count on the host where a rank has 2 or more values of its own (welford_finish
+    # finishes the merge on the device): no graph break at a host read.
+    assert stats["graphs"] >= 1 and not any("item()" in b["reason"] and "reference.py" in b.get("where", "")
+                                            for b in stats["graph_breaks"]), stats
     # The batch changes between steps: dynamo recompiles for the new size.
     assert any("size mismatch" in x["reason"] for x in stats["recompiles"]), stats["recompiles"]
     torch_stats = next(r for r in records if r.impl == "torch").compile["ranks"]["0"]
