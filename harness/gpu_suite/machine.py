@@ -37,20 +37,25 @@ NCU_PLACES = ("/opt/nvidia/nsight-compute/*/ncu", "/usr/local/cuda*/bin/ncu", "/
 
 
 def provenance(root: Optional[Path] = None) -> dict:
-    """Which commit of the harness runs and whether its tree was clean: from git where the checkout has its
-    ``.git``, else from :data:`COMMIT_ENV` and :data:`CLEAN_ENV` (a copy sent to a lent machine has no ``.git``;
-    the caller sets them), else unknown (``None``)."""
+    """Which commit of the harness runs and whether its tree was clean: from :data:`COMMIT_ENV` and
+    :data:`CLEAN_ENV` where the caller sets them, else from git where the checkout has its ``.git``, else unknown
+    (``None``).
+
+    The caller's word comes first: a copy sent to a lent machine may carry a ``.git`` that is not the tree's own
+    (seen on 2026-11-28: the copy's git named the session's first commit and called every later commit an
+    uncommitted change), while the caller knows the commit it copied.
+    """
+    commit = os.environ.get(COMMIT_ENV)
+    if commit:
+        clean = os.environ.get(CLEAN_ENV)
+        return {"commit": commit, "clean": None if clean is None else clean == "1",
+                "source": f"${COMMIT_ENV}, ${CLEAN_ENV}"}
     root = root or Path(__file__).resolve().parents[2]
     if (root / ".git").exists():
         commit = _output(["git", "-C", str(root), "rev-parse", "HEAD"])
         status = _output(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"])
         if commit:
             return {"commit": commit, "clean": status == "", "source": "git"}
-    commit = os.environ.get(COMMIT_ENV)
-    if commit:
-        clean = os.environ.get(CLEAN_ENV)
-        return {"commit": commit, "clean": None if clean is None else clean == "1",
-                "source": f"${COMMIT_ENV}, ${CLEAN_ENV}"}
     return {"commit": None, "clean": None, "source": f"unknown: no .git here and no ${COMMIT_ENV}"}
 
 

@@ -14,8 +14,9 @@ nothing about the defect. A file that imports a module this machine lacks
 (the library it is about) is ``not run``, naming the module, before it starts.
 
 ``python -m harness.gpu_suite.repros --out FILE.json --logs DIR [--apex-path P] FILE...``
-writes every verdict to ``--out`` and each file's output to ``DIR/<stem>.txt``;
-it exits 0 unless a file is ``broken``.
+writes the verdicts to ``--out`` as each file ends (a step stopped at its
+limit keeps what it saw) and each file's output to ``DIR/<stem>.txt``; it
+exits 0 unless a file is ``broken``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -37,6 +39,8 @@ SHOWS, ABSENT, CANNOT, NOT_RUN, BROKEN = "shows", "does not show", "could not ru
 LINES = {SHOWS: ("SYMPTOM SHOWS", 1), ABSENT: ("no symptom", 0), CANNOT: ("OTHER", 2)}
 PARALLEL = 3  # files at once: each spawns two to four ranks, beside the suite's other steps
 TIMEOUT_S = 120
+_running: set = set()  # the files' processes now running (each leads its own process group)
+_running_lock = threading.Lock()
 
 
 @dataclass
@@ -97,28 +101,56 @@ def run_one(path: Path, env: dict, log: Path, timeout_s: float = TIMEOUT_S) -> V
     with open(log, "w", encoding="utf-8") as out:
         proc = subprocess.Popen([sys.executable, str(path)], stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        with _running_lock:
+            _running.add(proc)
         try:
             code: Optional[int] = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             code = None
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # its ranks too, whatever they were doing
-            except ProcessLookupError:
-                pass
+            _kill_group(proc)  # its ranks too, whatever they were doing
             proc.wait()
+            with _running_lock:
+                _running.discard(proc)
     text = log.read_text(encoding="utf-8", errors="replace")
     verdict, line = judge(code, text)
     tail = [x for x in text.splitlines() if x.strip()][-4:]
     return Verdict(path.name, verdict, code, round(time.monotonic() - t0, 1), line, tail)
 
 
-def run_all(paths: list[Path], logs: Path, env: dict, parallel: int = PARALLEL,
-            timeout_s: float = TIMEOUT_S) -> list[Verdict]:
-    """Every file's verdict, in the order given (``parallel`` files at a time)."""
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def stop_all() -> None:
+    """Kill every file's process group still running (the files run in sessions of their own, which a signal to
+    this process's group does not reach)."""
+    with _running_lock:
+        for proc in list(_running):
+            _kill_group(proc)
+
+
+def run_all(paths: list[Path], logs: Path, env: dict, parallel: int = PARALLEL, timeout_s: float = TIMEOUT_S,
+            out: Optional[Path] = None) -> list[Verdict]:
+    """Every file's verdict, in the order given (``parallel`` files at a time); with ``out``, the verdicts so far
+    are rewritten there as each file ends, so that a step stopped at its limit keeps what it saw."""
     logs.mkdir(parents=True, exist_ok=True)
+    done: dict[int, Verdict] = {}
+    lock = threading.Lock()
+
+    def one(i: int, p: Path) -> Verdict:
+        v = run_one(p, env, logs / f"{p.stem}.txt", timeout_s)
+        with lock:
+            done[i] = v
+            if out is not None:
+                out.write_text(json.dumps([asdict(done[k]) for k in sorted(done)], indent=2), encoding="utf-8")
+        return v
+
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        return list(pool.map(lambda p: run_one(p, env, logs / f"{p.stem}.txt", timeout_s), paths))
+        return list(pool.map(lambda ip: one(*ip), enumerate(paths)))
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -133,8 +165,17 @@ def main(argv: Optional[list[str]] = None) -> int:
     env = dict(os.environ)
     if args.apex_path:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (args.apex_path, env.get("PYTHONPATH")) if p)
-    verdicts = run_all(args.files, args.logs, env, args.parallel, args.timeout)
-    args.out.write_text(json.dumps([asdict(v) for v in verdicts], indent=2), encoding="utf-8")
+    def stop(signum, frame):
+        stop_all()  # first: the worker threads wait on these, and the pool waits on its threads
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        verdicts = run_all(args.files, args.logs, env, args.parallel, args.timeout, out=args.out)
+    except KeyboardInterrupt:
+        stop_all()
+        return 130
     for v in verdicts:
         print(f"{v.file}: {v.verdict} (exit {v.exit}, {v.seconds:.0f}s): {v.line}", flush=True)
     return 1 if any(v.verdict == BROKEN for v in verdicts) else 0

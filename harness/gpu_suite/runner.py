@@ -61,6 +61,7 @@ class _Child:
 
     def __init__(self, step: Step, work: Path, env: dict, limit_s: int, cwd: Optional[Path]):
         self.step, self.limit_s, self.t0 = step, limit_s, time.monotonic()
+        self.t_end: Optional[float] = None  # when the process was first seen ended (a wave is joined in order)
         logs = work / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         self.log = open(logs / step.log, "w", encoding="utf-8")
@@ -77,6 +78,14 @@ class _Child:
         except OSError as exc:
             self.proc, self.error = None, exc
             self.log.write(f"could not start {step.argv[0]}: {exc}\n")
+
+    def ended(self) -> bool:
+        """Whether the step's process has ended (its end time is kept the first time this sees it)."""
+        if self.proc is None:
+            return True
+        if self.t_end is None and self.proc.poll() is not None:
+            self.t_end = time.monotonic()
+        return self.t_end is not None
 
     def settle(self) -> None:
         """Wait for the step to end by itself or reach its deadline (its outcome is taken later, by wait)."""
@@ -98,7 +107,8 @@ class _Child:
                 code, outcome = self.proc.returncode, TIMED_OUT
                 self.log.write(f"\n[gpu-suite] stopped at its limit of {self.limit_s}s\n")
         self.close()
-        return Outcome(self.step.name, outcome, code, round(time.monotonic() - self.t0, 1), self.limit_s,
+        end = self.t_end if self.t_end is not None else time.monotonic()
+        return Outcome(self.step.name, outcome, code, round(end - self.t0, 1), self.limit_s,
                        self.step.log, list(self.step.argv))
 
     def stop(self) -> None:
@@ -124,6 +134,16 @@ class _Child:
         for f in (self.log, self.out):
             if f is not None and not f.closed:
                 f.close()
+
+
+def _watch(children: list[_Child], poll_s: float = 0.2) -> None:
+    """Poll a wave's steps until each has ended or passed its deadline, noting when each ended."""
+    while True:
+        now = time.monotonic()
+        live = [c for c in children if not c.ended() and now < c.t0 + c.limit_s]
+        if not live:
+            return
+        time.sleep(poll_s)
 
 
 def _waves(steps: list[Step]) -> list[list[Step]]:
@@ -214,6 +234,7 @@ def run_steps(steps: list[Step], work: Path, env: dict, budget_s: float, *, head
                 current.append(child)
                 planned.append((step, child))
                 start_ahead(step.name)
+            _watch([c for _, c in planned if not isinstance(c, str)])
             for step, child in planned:
                 if isinstance(child, str):
                     record(not_run(step, child))

@@ -9,12 +9,12 @@ the most useful part first:
    things); the cpu-emulation of the same cases starts with the tests, on this
    machine's CPUs (the same torch build, so that the fidelity table compares
    like with like);
-3. one wave of every case run on CUDA, side by side (16 CPUs, one GPU): the
-   layer cases for torch's native kernels and the reference (the
+3. two waves of cases on CUDA, the steps of each side by side (16 CPUs, one
+   GPU): the layer cases for torch's native kernels and the reference (the
    ``nccl-contract`` cases among them run torch's non-gloo path on CUDA
-   tensors), apex's layer cases, the training systems (DDP, training loops,
-   conversion) for the three, a few compile cases, every standalone repro and
-   the probe of NCCL with two ranks on one GPU;
+   tensors), apex's layer cases, every standalone repro and the probe of NCCL
+   with two ranks on one GPU; then the training systems (DDP, training loops,
+   conversion) for the three and a few compile cases;
 4. the ``ncu`` profile, alone on the GPU; nccl's own families where the
    machine allows them; the fidelity table; the report.
 
@@ -158,7 +158,7 @@ def plan(i: Inputs) -> list[Step]:
     steps.append(Step("bench kernels", (*harness, "bench", "kernels", "--device", "cuda", "--format", "json",
                                         "--repeat", str(BENCH_REPEAT)),
                       "bench-kernels.txt", 120, stdout="bench.json", exclusive=True))
-    # One wave of every case run on CUDA.
+    # The layer wave.
     steps.append(Step("layer cases, gloo", (*gloo, "--impl", "torch", "--impl", "reference", *layers),
                       "run-gloo.txt", 200))
     steps.append(Step("layer cases, gloo, apex", (*gloo, "--impl", "apex", *layers), "run-apex.txt", 150,
@@ -174,8 +174,10 @@ def plan(i: Inputs) -> list[Step]:
                       "nccl-probe.txt", 60, with_previous=True, ok_exits=(0, 1),
                       skip=None if i.gpus >= 1 and i.nccl else "torch carries no NCCL here"))
     systems = system_selection()
+    # A second wave: seven harness runs at once on 16 CPUs stretched large cases past their limit (2026-11-28:
+    # a ResNet-50 layer case "hung" for torch and apex alike, and every run stopped at its limit).
     steps.append(Step("training systems, gloo", (*gloo, "--impl", "torch", "--impl", "reference", *systems),
-                      "run-systems.txt", 200, with_previous=True))
+                      "run-systems.txt", 200))
     steps.append(Step("training systems, gloo, apex", (*gloo, "--impl", "apex", *systems), "run-systems-apex.txt",
                       200, with_previous=True, **apex))
     steps.append(Step("compile cases, gloo", (*harness, "run", "--device", "cuda", "--store", results, "--timeout",

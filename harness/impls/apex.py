@@ -99,11 +99,13 @@ def _nvtx_noop() -> None:
     nvtx.range_pop = lambda: 0
 
 
-_FALLBACK_CAPS = Capabilities(convert=True)
+# Both forms are Python modules over a custom autograd Function, which TorchScript cannot compile (on an H200,
+# 2026-11-28, the optimized form failed at its `z == None`); apex never said they could be scripted.
+_FALLBACK_CAPS = Capabilities(convert=True, script=False)
 # The syncbn kernels dispatch float and half only (DISPATCH_FLOAT_AND_HALF in csrc/welford.cu);
 # parameters are float or the input's dtype.
 _OPTIMIZED_CAPS = Capabilities(devices=frozenset({"cuda"}), dtypes=frozenset({"float16", "float32"}),
-                               param_dtypes=frozenset({"float16", "float32"}), convert=True)
+                               param_dtypes=frozenset({"float16", "float32"}), convert=True, script=False)
 
 
 @register("apex")

@@ -38,11 +38,11 @@ def test_the_steps_come_in_order_of_value(tmp_path):
     assert by["build-apex"].early  # needs no GPU: it compiles while the reference kernels do
     assert by["report"].closing
     assert by["bench kernels"].exclusive and by["ncu profile"].exclusive  # they time things: alone on the machine
-    # One wave side by side: every case run on CUDA, the repros and the NCCL probe.
+    # Two waves side by side: the layer cases with apex's, the repros and the NCCL probe; the training systems
+    # with apex's and the compile cases.
     assert [n for n in names if by[n].with_previous] == ["layer cases, gloo, apex", "repros",
-                                                         "nccl two ranks on one GPU", "training systems, gloo",
-                                                         "training systems, gloo, apex", "compile cases, gloo",
-                                                         "cuda-graph family, nccl"]
+                                                         "nccl two ranks on one GPU", "training systems, gloo, apex",
+                                                         "compile cases, gloo", "cuda-graph family, nccl"]
     assert by["nccl two ranks on one GPU"].ok_exits == (0, 1)  # a refusal is an answer, not a failed step
     run = by["layer cases, gloo"].argv
     assert run[:3] == ("py", "-m", "harness") and "--no-diagnose" in run
@@ -190,3 +190,18 @@ def test_every_harness_command_of_the_plan_parses_with_this_cli(tmp_path):
                                "harness.gpu_suite.repros"]
     for name in modules:  # the suite's own modules exist and have a main
         assert callable(__import__(name, fromlist=["main"]).main)
+
+
+def test_the_harness_commit_is_the_callers_where_given_else_gits(monkeypatch, tmp_path):
+    """A copy on a lent machine carried a .git naming the session's first commit (2026-11-28): the commit the
+    caller gives wins; without one, this checkout's git is read."""
+    from harness.gpu_suite.machine import CLEAN_ENV, COMMIT_ENV, provenance
+
+    monkeypatch.delenv(COMMIT_ENV, raising=False)
+    monkeypatch.delenv(CLEAN_ENV, raising=False)
+    here = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert provenance(ROOT) == {**provenance(ROOT), "commit": here, "source": "git"}
+    assert provenance(tmp_path)["commit"] is None and "unknown" in provenance(tmp_path)["source"]
+    monkeypatch.setenv(COMMIT_ENV, "5b7ce8c0")
+    monkeypatch.setenv(CLEAN_ENV, "1")
+    assert provenance(ROOT) == {"commit": "5b7ce8c0", "clean": True, "source": f"${COMMIT_ENV}, ${CLEAN_ENV}"}

@@ -81,3 +81,43 @@ def test_the_command_gives_apex_files_their_path_and_fails_only_on_a_broken_file
     assert code == 0
     broken = write(tmp_path, "broken.py", "import sys\nsys.exit(1)\n")
     assert repros.main(["--out", str(out), "--logs", str(tmp_path / "logs"), str(broken)]) == 1
+
+
+def test_verdicts_are_kept_as_each_file_ends_and_sigterm_leaves_no_file_running(tmp_path):
+    """A repro step stopped at its limit keeps the verdicts of the files that ended (2026-11-28: none was kept),
+    and its files' processes, each in a session of its own, go with it."""
+    import signal
+    import subprocess
+    import sys
+
+    pid = tmp_path / "pid"
+    quick = write(tmp_path, "quick.py", "print('no symptom (pass): agrees')\n")
+    slow = write(tmp_path, "slow.py", f"import os, time\nopen({str(pid)!r}, 'w').write(str(os.getpid()))\n"
+                                      "time.sleep(60)\n")
+    out = tmp_path / "repros.json"
+    proc = subprocess.Popen([sys.executable, "-m", "harness.gpu_suite.repros", "--out", str(out), "--logs",
+                             str(tmp_path / "logs"), "--parallel", "2", str(quick), str(slow)])
+    try:
+        for _ in range(100):
+            if out.exists() and out.read_text().strip():
+                break
+            time.sleep(0.1)
+        assert [v["file"] for v in json.loads(out.read_text())] == ["quick.py"]
+        for _ in range(100):
+            if pid.exists() and pid.read_text():
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        proc.kill()
+        proc.wait()
+    slow_pid = int(pid.read_text())
+    for _ in range(50):
+        try:
+            os.kill(slow_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the slow file outlived the repro step")

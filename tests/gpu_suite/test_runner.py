@@ -169,3 +169,12 @@ def test_steps_that_cannot_run_say_why_and_the_rest_runs(tmp_path):
     assert [s["reason"] for s in recorded if s["outcome"] == NOT_RUN] == ["build-apex did not pass (failed)",
                                                                           "no Nsight Compute (ncu) on this machine"]
     assert "[gpu-suite] profile: not run: no Nsight Compute (ncu) on this machine" in lines
+
+
+def test_a_step_of_a_wave_is_timed_when_it_ends_not_when_the_wave_reaches_it(tmp_path):
+    """2026-11-28: a probe that answered in seconds read '96 s of 60 s', the time its wave took to reach it."""
+    steps = [sh("slow", "sleep 3"), sh("quick", "true", with_previous=True, limit=2)]
+    out = run_steps(steps, tmp_path, dict(os.environ), 300, header={}, echo=lambda _: None)
+    by = {o.step: o for o in out}
+    assert by["quick"].outcome == PASSED and by["quick"].seconds < 1.5, by["quick"]
+    assert by["slow"].seconds >= 3
