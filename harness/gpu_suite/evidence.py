@@ -34,7 +34,8 @@ from harness.gpu_suite.pack import COPIED
 
 FROM_TARBALL = ("fidelity.md", "ncu.md", "ncu.csv", "repros.json", "nccl-probe.json")
 REPRO_LOGS = "logs/repros/"
-BLOCK = re.compile(r"(<!-- table: (?P<run>\S+) (?P<section>\S+) -->\n)(?P<body>.*?)(\n<!-- end table -->)", re.S)
+BLOCK = re.compile(r"(<!-- table: (?P<run>\S+) (?P<section>\S+) -->\n)(?P<body>.*?)\n?(<!-- end table -->)", re.S)
+OPENING = "<!-- table:"
 
 
 def file_run(packed: Path, into: Path, calls: list[str]) -> list[Path]:
@@ -88,7 +89,12 @@ def blocks(page: str) -> list[tuple[str, str, str]]:
 def check_page(page: Path, root: Path) -> list[str]:
     """Every table of ``page`` that differs from its rendering from the run's files (paths from ``root``)."""
     problems = []
-    for run, section, body in blocks(page.read_text(encoding="utf-8")):
+    text = page.read_text(encoding="utf-8")
+    found = blocks(text)
+    if len(found) != text.count(OPENING):
+        problems.append(f"{page.name}: {text.count(OPENING)} tables open but {len(found)} are well formed "
+                        f"(`{OPENING} RUN SECTION -->`, the table, `<!-- end table -->`)")
+    for run, section, body in found:
         folder = root / run
         if not folder.is_dir():
             problems.append(f"{page.name}: table {section} cites {run}, which does not exist")
@@ -108,7 +114,7 @@ def refresh_page(page: Path, root: Path) -> int:
         nonlocal changed
         want = tables.render(m["section"], root / m["run"]).strip()
         changed += want != m["body"].strip()
-        return m.group(1) + want + m.group(5)
+        return m.group(1) + want + "\n" + m.group(5)
 
     page.write_text(BLOCK.sub(redo, text), encoding="utf-8")
     return changed

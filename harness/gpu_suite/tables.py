@@ -6,7 +6,8 @@ suite's work folder while it runs, in ``docs/gpu-runs/<run>/`` once filed):
 ========== =============================================================
 machine    ``machine.json``: GPU, driver, torch, NCCL, toolkit, harness commit
 steps      ``steps.json``: each step's outcome, exit, time, limit, why not run
-tests      ``pytest-cuda.xml``: the CUDA tests' counts and every failure
+tests      ``pytest-cuda.xml`` (``pytest.xml`` in a bare run): the CUDA tests'
+           counts and every failure
 records    ``records.csv``: records per implementation and status, and
            every unexpected failure
 bench      ``bench.json``: reference time over torch's per op and shape,
@@ -83,8 +84,10 @@ def steps(folder: Path) -> str:
 
 
 def tests(folder: Path) -> str:
+    xml = next((folder / n for n in ("pytest-cuda.xml", "pytest.xml") if (folder / n).is_file()),
+               folder / "pytest-cuda.xml")  # the suite's name, or a bare run's
     try:
-        root = ET.parse(folder / "pytest-cuda.xml").getroot()
+        root = ET.parse(xml).getroot()
     except (OSError, ET.ParseError):
         return "not run"
     suites = [root] if root.tag == "testsuite" else list(root)

@@ -106,6 +106,13 @@ def test_a_page_citing_a_run_is_checked_and_refreshed(packed, tmp_path):
     assert evidence.check_page(page, root) == []
     page.write_text(page.read_text().replace("0.90 |", "0.80 |"))  # a figure edited by hand
     assert evidence.check_page(page, root) == ["page.md: table bench of runs/r1 differs from its raw files"]
+    page.write_text(page.read_text() + "\n<!-- table: runs/r1 steps -->\nno end\n")
+    assert "3 tables open but 2 are well formed" in evidence.check_page(page, root)[0]
+    page.write_text(page.read_text().replace("<!-- table: runs/r1 steps -->\nno end\n", ""))
+    empty = page.read_text() + "<!-- table: runs/r1 steps -->\n<!-- end table -->\n"  # an empty block is filled
+    page.write_text(empty)
+    # both the hand-edited bench table and the empty block are made again from the files
+    assert evidence.refresh_page(page, root) == 2 and evidence.check_page(page, root) == []
     page.write_text(page.read_text().replace("runs/r1 bench", "runs/gone bench"))
     assert "cites runs/gone, which does not exist" in evidence.check_page(page, root)[0]
 
@@ -125,15 +132,22 @@ def test_the_command_files_a_run_and_checks_a_page(packed, tmp_path):
 
 
 def test_gpu_results_cites_every_filed_run_and_agrees_with_its_files():
-    """docs/gpu-results.md's tables are those of the raw files in docs/gpu-runs/, each run cited at least once."""
+    """docs/gpu-results.md's tables are those of the raw files in docs/gpu-runs/; every run is linked from the page,
+    and every suite run (one with steps.json) has its tables there."""
     page = ROOT / "docs" / "gpu-results.md"
+    text = page.read_text()
     filed = ROOT / "docs" / "gpu-runs"
     runs = sorted(p for p in filed.iterdir() if p.is_dir()) if filed.is_dir() else []
     assert runs, "no GPU run is filed in docs/gpu-runs/"
-    cited = {run for run, _, _ in evidence.blocks(page.read_text())}
-    assert {f"docs/gpu-runs/{r.name}" for r in runs} <= cited
+    cited = {run for run, _, _ in evidence.blocks(text)}
+    assert not [r.name for r in runs if f"gpu-runs/{r.name}/" not in text and f"docs/gpu-runs/{r.name}" not in cited]
+    assert {f"docs/gpu-runs/{r.name}" for r in runs if (r / "steps.json").is_file()} <= cited
     for run in runs:
-        for name in ("summary.md", "steps.json", "machine.json", "calls.md"):
-            assert (run / name).is_file(), f"{run.name} lacks {name}"
-        assert json.loads((run / "machine.json").read_text())["harness"]["commit"], f"{run.name}: no harness commit"
-    assert evidence.check_page(page, ROOT) == []
+        assert (run / "calls.md").is_file(), f"{run.name} does not say how it was made (calls.md)"
+        if (run / "steps.json").is_file():  # a suite's run: its summary and machine, with the harness commit
+            for name in ("summary.md", "machine.json"):
+                assert (run / name).is_file(), f"{run.name} lacks {name}"
+            assert json.loads((run / "machine.json").read_text())["harness"]["commit"], f"{run.name}: no commit"
+    pages = [p for p in (ROOT / "docs").glob("*.md") if evidence.blocks(p.read_text())]
+    assert page in pages and len(pages) >= 2  # gpu-results.md, reference-kernels.md
+    assert [problem for p in pages for problem in evidence.check_page(p, ROOT)] == []
