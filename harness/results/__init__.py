@@ -3,7 +3,8 @@
 - :mod:`~harness.results.records`: statuses, rank outcomes, records, the exit code of a run;
 - :mod:`~harness.results.evidence`: the shapes of a record's compare, desync, diagnosis and compile fields;
 - :mod:`~harness.results.verdict`: good, bad or untestable over a build's records (``check`` and ``bisect``);
-- :mod:`~harness.results.known_issues`: the known-issues file, matched to records;
+- :mod:`~harness.results.known_issues`: the known-issues file, matched to records by their
+  :mod:`~harness.results.symptoms` (each way a record failed, in one line);
 - :mod:`~harness.results.reader`: the one reader of stored records (schema migrations, torn lines);
 - :mod:`~harness.results.store`: the append-only JSON Lines store, one file per build, and the questions it
   answers (the latest records, counts, a sample), narrowed by :mod:`~harness.results.where`;
