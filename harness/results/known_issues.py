@@ -40,7 +40,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python < 3.11 only
     import tomli as tomllib
 
-REQUIRED = ("impl", "cases", "torch", "status", "link")
+REQUIRED = ("impl", "cases", "torch", "status", "link", "symptoms")
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,10 @@ class KnownIssue:
 
     def covers(self, impl: str, case: str, version: Version, device: Optional[str] = None,
                mode: Optional[str] = None) -> bool:
-        return (any(fnmatch.fnmatchcase(impl, p) for p in self.impl) and any(fnmatch.fnmatchcase(case, p)
+        """Whether this entry covers a record; ``torch@PATH`` (a patched copy of torch's SyncBatchNorm) is
+        covered as ``torch`` is, so that only what the patch changes shows."""
+        names = (impl, impl.split("@", 1)[0]) if impl.startswith("torch@") else (impl,)
+        return (any(fnmatch.fnmatchcase(n, p) for n in names for p in self.impl) and any(fnmatch.fnmatchcase(case, p)
                                                                             for p in self.cases)
                 and self.torch.contains(version, prereleases=True)
                 and (self.device is None or device == self.device)
@@ -88,7 +91,7 @@ def load(path: Optional[str] = None) -> tuple[KnownIssue, ...]:
         missing = [k for k in REQUIRED if k not in e]
         if missing:
             raise UsageError(f"{p}: issue #{i + 1} lacks {', '.join(missing)} (needs {', '.join(REQUIRED)})")
-        for key in ("impl", "cases", "status", *(("symptoms",) if "symptoms" in e else ())):
+        for key in ("impl", "cases", "status", "symptoms"):
             values = e[key] if isinstance(e[key], list) else [e[key]]
             if not values or not all(isinstance(v, str) and v for v in values):
                 raise UsageError(f"{p}: issue #{i + 1} {key} = {e[key]!r}: give a non-empty string or a list of them")
@@ -116,9 +119,8 @@ def load(path: Optional[str] = None) -> tuple[KnownIssue, ...]:
         if mode is not None and (not isinstance(mode, str) or not mode):
             raise UsageError(f"{p}: issue #{i + 1} mode = {mode!r}: give the start of a record's mode as a "
                              "string (e.g. \"python-fallback\"), or leave it out")
-        named = e.get("symptoms", ["*"])  # TRANSITION: an entry without symptoms still matches by status alone
-        named = named if isinstance(named, list) else [named]
-        for pattern in (named if "symptoms" in e else ()):
+        named = e["symptoms"] if isinstance(e["symptoms"], list) else [e["symptoms"]]
+        for pattern in named:
             why = symptoms_mod.check_pattern(pattern)
             if why:
                 raise UsageError(f"{p}: issue #{i + 1} symptoms: {why}")
@@ -130,27 +132,42 @@ def load(path: Optional[str] = None) -> tuple[KnownIssue, ...]:
     return tuple(entries)
 
 
-def match(impl: str, case: str, torch_version: str, path: Optional[str] = None,
-          device: Optional[str] = None, mode: Optional[str] = None) -> Optional[KnownIssue]:
-    """The first entry for (impl, case, torch version, device, mode), or None."""
+def covering(impl: str, case: str, torch_version: str, path: Optional[str] = None, device: Optional[str] = None,
+             mode: Optional[str] = None) -> list[KnownIssue]:
+    """Every entry for (impl, case, torch version, device, mode), in the file's order."""
     try:
         version = Version(torch_version)
     except InvalidVersion:
-        return None
-    return next((e for e in load(path) if e.covers(impl, case, version, device, mode)), None)
+        return []
+    return [e for e in load(path) if e.covers(impl, case, version, device, mode)]
+
+
+def match(impl: str, case: str, torch_version: str, path: Optional[str] = None,
+          device: Optional[str] = None, mode: Optional[str] = None) -> Optional[KnownIssue]:
+    """The first entry for (impl, case, torch version, device, mode), or None."""
+    found = covering(impl, case, torch_version, path, device, mode)
+    return found[0] if found else None
 
 
 def annotate(record: Record, path: Optional[str] = None) -> Record:
-    """Set ``record.known_issue`` from the known-issues file (see the module docstring)."""
-    e = match(record.impl, record.case, record.torch_version, path, record.device, record.mode)
-    if e is not None:
-        expected = record.status.value in e.status
-        unexpected = symptoms_mod.unexplained(symptoms_mod.failures(record), e.symptoms) if expected else ()
-        record.known_issue = KnownIssueMatch(link=e.link, expected=e.status, note=e.note,
-                                             matched=expected and not unexpected,
-                                             now_passes=record.status == Status.PASS, unexpected=unexpected)
-        if unexpected:
-            record.message = (f"beside the known issue {e.link}, {len(unexpected)} unexpected failure(s): "
-                              + "; ".join(unexpected[:3]) + (" ..." if len(unexpected) > 3 else "")
-                              + (f" | {record.message}" if record.message else ""))
+    """Set ``record.known_issue`` from the known-issues file (see the module docstring).
+
+    Where several entries cover the record (two known defects on one case: a crash and a one-value
+    acceptance, say), those that expect its status explain it together: each of its failures must be a
+    symptom one of them names. The first of them gives the link.
+    """
+    found = covering(record.impl, record.case, record.torch_version, path, record.device, record.mode)
+    if not found:
+        return record
+    expecting = [e for e in found if record.status.value in e.status]
+    e = expecting[0] if expecting else found[0]
+    patterns = [p for x in expecting for p in x.symptoms]
+    unexpected = symptoms_mod.unexplained(symptoms_mod.failures(record), patterns) if expecting else ()
+    record.known_issue = KnownIssueMatch(link=e.link, expected=e.status, note=e.note,
+                                         matched=bool(expecting) and not unexpected,
+                                         now_passes=record.status == Status.PASS, unexpected=unexpected)
+    if unexpected:
+        record.message = (f"beside the known issue {e.link}, {len(unexpected)} unexpected failure(s): "
+                          + "; ".join(unexpected[:3]) + (" ..." if len(unexpected) > 3 else "")
+                          + (f" | {record.message}" if record.message else ""))
     return record
