@@ -4,7 +4,8 @@
 - :mod:`harness.impls.registry`: names to adapters (built-ins, ``MODULE:ATTR``, entry points);
 - one module per implementation: :mod:`~harness.impls.reference` (ours, with its
   SyncBatchNorm), :mod:`~harness.impls.torch_native` and
-  :mod:`~harness.impls.torch_emulation` (torch's module on CPU),
+  :mod:`~harness.impls.torch_emulation` (torch's module on CPU), :mod:`~harness.impls.torch_patched`
+  (``torch@PATH``: a patched copy of torch's SyncBatchNorm run as torch),
   :mod:`~harness.impls.cuda_contract` (what torch's CUDA kernels accept, enforced by the emulation),
   :mod:`~harness.impls.cuda_arith` (what they compute, transliterated: the emulation's arithmetic) and
   :mod:`~harness.impls.cuda_reduce` (its reductions, partial by partial),

@@ -41,6 +41,20 @@ def default_names() -> list[str]:
     return [n for n, cls in _REGISTRY.items() if getattr(cls, "by_default", True)]
 
 
+_PREFIXES: dict = {}  # "torch@" -> the factory of the adapter for "torch@PATH", given PATH
+
+
+def register_prefix(prefix: str):
+    """Register a factory for the names ``<prefix><rest>`` (``torch@PATH``); a prefix registered twice raises."""
+    def deco(make):
+        if prefix in _PREFIXES:
+            raise ValueError(f"impl name prefix {prefix!r} registered twice")
+        _PREFIXES[prefix] = make
+        return make
+
+    return deco
+
+
 def _load_builtins() -> None:
     # Importing an adapter registers it; this order is the order of tables and of the default selection.
     import harness.impls.reference  # noqa: F401
@@ -51,6 +65,7 @@ def _load_builtins() -> None:
     import harness.impls.mmengine_converter  # noqa: F401,I001
     import harness.impls.lightning_converter  # noqa: F401,I001
     import harness.impls.detectron2  # noqa: F401,I001
+    import harness.impls.torch_patched  # noqa: F401,I001  (torch@PATH)
 
 
 def entry_points() -> dict:
@@ -71,12 +86,16 @@ def resolve(name: str) -> Impl:
         return _REGISTRY[name]()
     from harness.impls.plugin import PluginImpl
 
+    for prefix, make in _PREFIXES.items():
+        if name.startswith(prefix):
+            return make(name[len(prefix):])
     eps = entry_points()
     if name in eps:
         return PluginImpl(eps[name].value, display_name=name)
     if ":" in name:
         return PluginImpl(name)
-    raise UsageError(f"unknown impl {name!r}: choose one of {', '.join(known_names())}, or MODULE:ATTR")
+    raise UsageError(f"unknown impl {name!r}: choose one of {', '.join(known_names())}, MODULE:ATTR, or "
+                     "torch@PATH (a patched copy of torch's SyncBatchNorm)")
 
 
 def resolve_impls(names: Iterable[str]) -> list:

@@ -245,27 +245,29 @@ def _not_capturing() -> None:
         graphs.is_current_stream_capturing = is_current_stream_capturing
 
 
-def device_check_path() -> str:
-    """``"module"`` if the unmodified module can be run on CPU here, else ``"function"``."""
+def device_check_path(cls=None) -> str:
+    """``"module"`` if the unmodified module (``cls``, default torch's SyncBatchNorm) can be run on CPU here, else
+    ``"function"``."""
     forced = setting(TORCH_PATH)
     if forced in ("module", "function"):
         return forced
     try:
-        src = inspect.getsource(torch.nn.SyncBatchNorm.forward)
+        src = inspect.getsource((cls or torch.nn.SyncBatchNorm).forward)
     except (OSError, TypeError):
         return "function"
     return "module" if "_get_privateuse1_backend_name" in src else "function"
 
 
-def accept_cpu_in_module() -> None:
-    """Install on ``torch.nn.SyncBatchNorm`` its own ``forward`` with the privateuse1 lookup answered ``"cpu"``.
+def accept_cpu_in_module(cls=None) -> None:
+    """Install on ``cls`` (default ``torch.nn.SyncBatchNorm``; a patched copy of it for ``torch@PATH``) its own
+    ``forward`` with the privateuse1 lookup answered ``"cpu"``.
 
     The function is torch's source with every ``torch._C._get_privateuse1_backend_name()`` call replaced by
     the constant ``"cpu"``, compiled under torch's file name and line numbers with torch's globals. Only rank
     processes call this (once; later calls do nothing). Raises :class:`ImplUnavailable` if the source has no
     such call or cannot be read, naming the other path.
     """
-    cls = torch.nn.SyncBatchNorm
+    cls = cls or torch.nn.SyncBatchNorm
     if getattr(cls.forward, "_syncbn_harness_accepts_cpu", False):
         return
     original = cls.forward

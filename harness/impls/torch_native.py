@@ -56,15 +56,21 @@ class TorchImpl(Impl):
             if reason:
                 raise ImplUnavailable(f"torch cpu-emulation unavailable: {reason}")
 
+    def syncbn_class(self):
+        """The SyncBatchNorm class this adapter runs (torch's own; a patched copy for ``torch@PATH``)."""
+        import torch
+
+        return torch.nn.SyncBatchNorm
+
     def setup_rank(self, device: str) -> None:
         if device == "cpu":
             from harness.impls import torch_emulation
 
             torch_emulation.install()
             self.mode = "cpu-emulation"
-            self.path = torch_emulation.device_check_path()
+            self.path = torch_emulation.device_check_path(self.syncbn_class())
             if self.path == "module":
-                torch_emulation.accept_cpu_in_module()
+                torch_emulation.accept_cpu_in_module(self.syncbn_class())
 
     def describe(self) -> dict:
         from harness.impls import torch_emulation
@@ -75,9 +81,7 @@ class TorchImpl(Impl):
         return d
 
     def build(self, case: Case, process_group, device: str):
-        import torch
-
-        cls = torch.nn.SyncBatchNorm
+        cls = self.syncbn_class()
         if device == "cpu" and self.path == "function":
             from harness.impls.torch_emulation import FunctionDriven
 
@@ -86,9 +90,7 @@ class TorchImpl(Impl):
 
     def converter(self):
         """The function that converts a model (an adapter over torch's layers may bring its own)."""
-        import torch
-
-        return torch.nn.SyncBatchNorm.convert_sync_batchnorm
+        return self.syncbn_class().convert_sync_batchnorm
 
     def convert(self, model, process_group):
         import torch
