@@ -14,7 +14,7 @@ and mode (the start of the record's mode: apex's ``python-fallback`` and not its
 - the record has the expected status but also a failure the entry does not
   name: not matched, and ``unexpected`` lists those failures; a second defect
   landing on a case that already fails as known is a real failure, and its
-  message says so first;
+  message starts with those failures, then the known issue's link;
 - the record passes: ``now_passes``; reported so the entry can be retired;
 - any other status: neither; a different failure is a real one.
 """
@@ -167,7 +167,8 @@ def annotate(record: Record, path: Optional[str] = None) -> Record:
                                          matched=bool(expecting) and not unexpected,
                                          now_passes=record.status == Status.PASS, unexpected=unexpected)
     if unexpected:
-        record.message = (f"beside the known issue {e.link}, {len(unexpected)} unexpected failure(s): "
-                          + "; ".join(unexpected[:3]) + (" ..." if len(unexpected) > 3 else "")
-                          + (f" | {record.message}" if record.message else ""))
+        # What no entry explains comes first: consoles cut a message at their width.
+        record.message = (f"unexpected beside a known issue: " + "; ".join(unexpected[:3])
+                          + (f" (and {len(unexpected) - 3} more)" if len(unexpected) > 3 else "")
+                          + f" [known: {e.link}]" + (f" | {record.message}" if record.message else ""))
     return record

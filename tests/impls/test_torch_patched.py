@@ -74,7 +74,7 @@ def test_a_copy_whose_converter_drops_qconfig_fails_beside_the_known_issue(tmp_p
     for r in got.values():
         assert r["status"] == "mismatch" and not r["known_issue"]["matched"]
         assert any("qconfig lost in conversion" in u for u in r["known_issue"]["unexpected"]), r["known_issue"]
-        assert r["message"].startswith("beside the known issue")
+        assert r["message"].startswith("unexpected beside a known issue: mismatch convert.")
 
 
 def test_a_path_without_torchs_files_is_a_usage_error(tmp_path):

@@ -63,8 +63,8 @@ def test_a_record_is_known_only_when_the_entry_names_every_failure(tmp_path):
     assert not second.known and second.failed and second.label == "mismatch (beside a known issue)"
     assert second.known_issue.unexpected == ("mismatch convert.00: heads.a: qconfig lost in conversion",
                                              "mismatch step1.train.grad_input")
-    assert second.message.startswith("beside the known issue https://example.invalid/1, 2 unexpected failure(s): "
-                                     "mismatch convert.00: heads.a: qconfig lost in conversion; mismatch step1")
+    assert second.message.startswith("unexpected beside a known issue: mismatch convert.00: heads.a: qconfig lost in "
+                                     "conversion; mismatch step1.train.grad_input [known: https://example.invalid/1]")
     assert Record.from_dict(second.to_dict()).known_issue == second.known_issue
 
 
@@ -97,7 +97,8 @@ def test_a_planted_second_defect_on_a_known_case_fails_the_run_naming_it():
     [record] = json.loads(planted.stdout)
     assert record["known_issue"]["link"].endswith("pytorch/issues/96136") and not record["known_issue"]["matched"]
     assert "mismatch step0.train.grad_input" in record["known_issue"]["unexpected"]
-    assert record["message"].startswith("beside the known issue https://github.com/pytorch/pytorch/issues/96136")
+    assert record["message"].startswith("unexpected beside a known issue: mismatch step0.train.grad.bn1.bias")
+    assert "[known: https://github.com/pytorch/pytorch/issues/96136]" in record["message"]
 
 
 def test_a_pass_is_reported_as_possibly_fixed(entries):
