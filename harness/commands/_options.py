@@ -26,8 +26,8 @@ def selection_options(fn=None, *, timeout: bool = True):
         return functools.partial(selection_options, timeout=timeout)
     opts = [
         click.option("--impl", "impls", multiple=True, metavar="NAME",
-                     help="reference, torch, apex, a registered plugin, MODULE:ATTR, or torch@PATH (a patched copy of torch's "
-                          "SyncBatchNorm from a checkout, run as torch; repeatable). "
+                     help="reference, torch, apex, a registered plugin, MODULE:ATTR, or torch@PATH (a patched "
+                          "copy of torch's SyncBatchNorm from a checkout, run as torch; repeatable). "
                           "Default: every built-in implementation."),
         click.option("--case", "case_patterns", multiple=True, metavar="GLOB", help=CASE_HELP),
         click.option("--exhaustive", is_flag=True, help="Select from the full generated product, not the default "
