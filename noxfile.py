@@ -79,7 +79,8 @@ def cuda_compile(session: nox.Session) -> None:
         "import torch; from harness.kernels import extension; "
         "spec = extension.default_spec(cuda=True, cuda_archs='8.0;9.0'); extension.build(spec); "
         "ops = ['batch_norm_stats', 'batch_norm_gather_stats_with_counts', 'batch_norm_elemt', "
-        "'batch_norm_backward_reduce', 'batch_norm_backward_elemt', 'welford_stats', 'welford_merge', 'welford_finish']; "
+        "'batch_norm_backward_reduce', 'batch_norm_backward_elemt', 'welford_stats', 'welford_merge', "
+        "'welford_finish']; "
         "missing = [o for o in ops if not torch._C._dispatch_has_kernel_for_dispatch_key("
         "'syncbn_ref::' + o, 'CUDA')]; "
         "assert not missing, missing; print('CUDA kernels registered for', len(ops), 'ops')"),

@@ -168,7 +168,7 @@ def annotate(record: Record, path: Optional[str] = None) -> Record:
                                          now_passes=record.status == Status.PASS, unexpected=unexpected)
     if unexpected:
         # What no entry explains comes first: consoles cut a message at their width.
-        record.message = (f"unexpected beside a known issue: " + "; ".join(unexpected[:3])
+        record.message = ("unexpected beside a known issue: " + "; ".join(unexpected[:3])
                           + (f" (and {len(unexpected) - 3} more)" if len(unexpected) > 3 else "")
                           + f" [known: {e.link}]" + (f" | {record.message}" if record.message else ""))
     return record
