@@ -108,7 +108,8 @@ def test_case_globs_select_or_say_what_exists(pattern):
 
 def test_known_issues_errors_read_as_fixes(tmp_path):
     path = tmp_path / "k.toml"
-    path.write_text('[[issue]]\nimpl = "torch"\ncases = "*"\ntorch = 5\nstatus = "crash"\nlink = "x"\n')
+    path.write_text('[[issue]]\nimpl = "torch"\ncases = "*"\ntorch = 5\nstatus = "crash"\nlink = "x"\n'
+                    'symptoms = "crash *"\n')
     known_issues.load.cache_clear()
     with pytest.raises(HarnessError, match=r"issue #1 torch = 5: give a string \(a version specifier"):
         known_issues.load(str(path))
