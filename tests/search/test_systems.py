@@ -1,9 +1,10 @@
 """``search`` over training systems, with real processes and real gloo.
 
 - Each planted defect of ``training_defects.SEARCH_ONLY`` passes the default selection (only search can find
-  it), and ``search --scenario systems`` finds it within a budget of cases and shrinks it to a case that keeps
-  what the defect needs (an option, a use, the momentum rule) and loses everything else: two ranks, one
-  training step, no DDP.
+  it; one of them also shows beside a known issue on the reentrant checkpoint cases, since known issues name
+  their symptoms), and ``search --scenario systems`` finds it within a budget of cases and shrinks it to a case
+  that keeps what the defect needs (an option, a use, the momentum rule) and loses everything else: two ranks,
+  one training step, no DDP.
 - The controls (the reference, and an independent SyncBN differentiated by autograd) raise no finding over
   generated training-system cases.
 - The CLI draws the systems ``--scenario`` names and refuses a name it does not know.
@@ -55,9 +56,16 @@ def test_training_system_defects_pass_the_default_selection():
              and "fullgraph" not in c.compile]
     names = [f"training_defects:{d.__name__}" for d in _defects()]
     records = list(run_selection(cases, resolve_impls(names), RunOptions(timeout=60, diagnose=False)))
-    caught = [f"{r.impl} {r.case}: {r.message[:120]}" for r in records
-              if r.status not in (Status.PASS, Status.UNSUPPORTED) and not r.known]
-    assert not caught, "\n".join(caught)
+    caught = [r for r in records if r.status not in (Status.PASS, Status.UNSUPPORTED) and not r.known]
+    # Since known issues name their symptoms, one of them shows on the default selection too: reentrant activation
+    # checkpointing runs its first forward without grad, the defect normalizes that rank alone, and the output's
+    # mismatch no longer hides behind pytorch#96136's doubled running statistics on those cases.
+    shown = [r for r in caught if r.impl == "training_defects:SyncsOnlyWithInputGrad"
+             and r.case.startswith("activation-checkpoint/") and "-reentrant/" in r.case
+             and r.known_issue and "mismatch step0.train.output" in r.known_issue.unexpected]
+    assert shown, "the reentrant checkpoint cases no longer show SyncsOnlyWithInputGrad beside the known issue"
+    rest = [f"{r.impl} {r.case}: {r.message[:120]}" for r in caught if r not in shown]
+    assert not rest, "\n".join(rest)
 
 
 @pytest.mark.sweep(152)

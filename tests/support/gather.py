@@ -34,8 +34,12 @@ class _GatherFn(torch.autograd.Function):
         mean = xd.mean(_dims(x)) if n else torch.zeros(c, dtype=torch.float64)
         m2 = ((xd - mean.view(_bshape(x))) ** 2).sum(_dims(x)) if n else torch.zeros(c, dtype=torch.float64)
         row = torch.cat([torch.tensor([float(n)], dtype=torch.float64), mean, m2])
+        alone = dist.get_world_size(group) == 1  # a group of one has nothing to synchronize
         rows = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(rows, row, group=group)
+        if alone:
+            rows = [row]
+        else:
+            dist.all_gather(rows, row, group=group)
         rows = torch.stack(rows)
         counts, means, m2s = rows[:, 0], rows[:, 1:1 + c], rows[:, 1 + c:]
         total = counts.sum()
@@ -43,7 +47,7 @@ class _GatherFn(torch.autograd.Function):
         gm2 = (m2s + counts[:, None] * (means - gmean) ** 2).sum(0)
         invstd = 1.0 / torch.sqrt(gm2 / total + eps)
         ctx.save_for_backward(xd, gmean, invstd)
-        ctx.group, ctx.total, ctx.hooks = group, float(total), hooks
+        ctx.group, ctx.total, ctx.hooks, ctx.alone = group, float(total), hooks, alone
         return (xd - gmean.view(_bshape(x))) * invstd.view(_bshape(x)), gmean, gm2, total
 
     @staticmethod
@@ -54,7 +58,8 @@ class _GatherFn(torch.autograd.Function):
         xhat = (xd - mean.view(s)) * invstd.view(s)
         c = xd.shape[1]
         sums = torch.cat([g.sum(_dims(xd)), (g * xhat).sum(_dims(xd))])
-        dist.all_reduce(sums, group=ctx.group)
+        if not ctx.alone:
+            dist.all_reduce(sums, group=ctx.group)
         total = ctx.hooks.backward_count(ctx.total, xd)
         gin = (g - (sums[:c] / total).view(s) - xhat * (sums[c:] / total).view(s)) * invstd.view(s)
         return gin, None, None, None
