@@ -497,6 +497,7 @@ def test_cuda_stats_match_the_emulation():
     for name, x in stats_inputs().items():
         want = cuda_arith.batch_norm_stats(x, EPS)
         got = torch.batch_norm_stats(x.cuda(), EPS)
+        assert got[0].dtype == want[0].dtype and got[0].shape == want[0].shape, name
         rtol = 1e-12 if x.dtype == D else 1e-5
         spread = float((1 / want[1].double()).max())
         close(got[0].cpu(), want[0], rtol, f"{name} mean", torch.full_like(want[0].double(), spread) +

@@ -156,9 +156,12 @@ def test_a_training_step_syncs_nothing():
     x = torch.randn(4, 8, 6, 6, device="cuda", dtype=torch.float16, requires_grad=True)
     dy = torch.randn(4, 8, 6, 6, device="cuda", dtype=torch.float16)
     m(x).backward(dy)  # first call: kernels loaded, allocator warm
+    x.grad = None
     previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
+    torch.cuda.set_sync_debug_mode("error")  # a host sync in the step raises RuntimeError
     try:
+        assert torch.cuda.get_sync_debug_mode() == 2
         m(x).backward(dy)
     finally:
         torch.cuda.set_sync_debug_mode(previous)
+    assert x.grad is not None and x.grad.shape == x.shape and bool(torch.isfinite(x.grad).all())

@@ -22,7 +22,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernel_inputs import (OPCHECK_CASES, SETTINGS, U, WIDE_CHANNELS, acc_dtype, assert_close_u, finish_reference,
-                           inputs, layout_of, long_inputs, per_channel, reduce_dims, ref_stats)
+                           inputs, layout_of, long_inputs, per_channel, reduce_dims, ref_stats, running_buffers)
 
 pytestmark = pytest.mark.cuda
 DEV = "cuda"
@@ -298,10 +298,7 @@ def test_welford_finish(kernels, drawn, momentum, running_dtype):
     x, g = drawn
     c = x.shape[1]
     row = kernels.welford_stats(x)
-    rm = rv = None
-    if running_dtype is not None:
-        rm = torch.randn(c, generator=g, dtype=torch.float64).to(running_dtype)
-        rv = (torch.rand(c, generator=g, dtype=torch.float64) + 0.5).to(running_dtype)
+    rm, rv = running_buffers(c, g, running_dtype)
     rm_dev, rv_dev = on_dev(rm), on_dev(rv)
     got = kernels.welford_finish(row.to(DEV), rm_dev, rv_dev, momentum, EPS)
     want = kernels.welford_finish(row, rm, rv, momentum, EPS)
@@ -407,8 +404,10 @@ def test_no_op_syncs_the_host(kernels):
     w, b = torch.randn(8, device=DEV), torch.randn(8, device=DEV)
     count = torch.tensor([120], dtype=torch.int32, device=DEV)
     previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode("error")
+    torch.cuda.set_sync_debug_mode("error")  # a host sync in any op below raises RuntimeError
+    outputs = []
     try:
+        assert torch.cuda.get_sync_debug_mode() == 2
         for t in (x, xl, x[:0]):
             mean, invstd = kernels.batch_norm_stats(t, EPS)
             row = kernels.welford_stats(t)
@@ -419,9 +418,10 @@ def test_no_op_syncs_the_host(kernels):
                                                         torch.ones(1, device=DEV))
             kernels.batch_norm_elemt(t, w, b, mean, invstd, EPS)
             s, sx, _, _ = kernels.batch_norm_backward_reduce(t, t, mean, invstd, w, True, True, True)
-            kernels.batch_norm_backward_elemt(t, t, mean, invstd, w, s, sx, count)
+            outputs.append(kernels.batch_norm_backward_elemt(t, t, mean, invstd, w, s, sx, count))
     finally:
         torch.cuda.set_sync_debug_mode(previous)
+    assert [tuple(o.shape) for o in outputs] == [tuple(x.shape), tuple(x.shape), (0, 8, 6, 5)]
 
 
 @pytest.mark.skipif(torch.cuda.device_count() == 1, reason="needs a second GPU (results must stay on the input's GPU)")

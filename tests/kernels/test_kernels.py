@@ -12,7 +12,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from kernel_inputs import OPCHECK_CASES, SETTINGS, finish_reference, inputs, ref_stats
+from kernel_inputs import OPCHECK_CASES, SETTINGS, finish_reference, inputs, ref_stats, running_buffers
 from kernel_inputs import acc_dtype as _acc
 from kernel_inputs import assert_close_u as _close
 from kernel_inputs import layout_of as _fmt
@@ -156,10 +156,7 @@ def test_welford_finish(kernels, drawn, momentum, running_dtype):
     x, g = drawn
     c = x.shape[1]
     row = kernels.welford_stats(x)
-    rm = rv = None
-    if running_dtype is not None:
-        rm = torch.randn(c, generator=g, dtype=torch.float64).to(running_dtype)
-        rv = (torch.rand(c, generator=g, dtype=torch.float64) + 0.5).to(running_dtype)
+    rm, rv = running_buffers(c, g, running_dtype)
     want_rm, want_rv = (rm.clone(), rv.clone()) if rm is not None else (None, None)
     mean, invstd = kernels.welford_finish(row, rm, rv, momentum, 1e-5)
     want = finish_reference(row, want_rm, want_rv, momentum, 1e-5)

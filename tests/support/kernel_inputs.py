@@ -126,6 +126,14 @@ OPCHECK_CASES = [
 ]
 
 
+def running_buffers(c, g, dtype):
+    """A layer's running mean and variance in ``dtype`` (variance in [0.5, 1.5)), or (None, None) for no dtype."""
+    if dtype is None:
+        return None, None
+    return (torch.randn(c, generator=g, dtype=torch.float64).to(dtype),
+            (torch.rand(c, generator=g, dtype=torch.float64) + 0.5).to(dtype))
+
+
 def finish_reference(merged, running_mean, running_var, momentum, eps):
     """``welford_finish`` in plain torch (float64): (mean, invstd) and the running statistics updated in place."""
     c = (merged.numel() - 1) // 2
