@@ -17,6 +17,7 @@ The package, lowest layer first (a module imports only from layers below it; tes
 - :mod:`~harness.engine`: pools of ranks, torchrun, attribution, the run plan;
 - :mod:`~harness.repro`: standalone repro files;
 - :mod:`~harness.search` (cases nobody listed) and :mod:`~harness.bisect` (builds and commits);
+- :mod:`~harness.history`: the selection across torch releases, the known issues' ranges, its page;
 - :mod:`~harness.bench`: benchmarks, each a ratio against a baseline measured in the same run;
 - :mod:`~harness.gpu_suite`: everything CUDA on a GPU machine, bounded and packed;
 - :mod:`~harness.commands`: the command line (``python -m harness``: ``__main__``).

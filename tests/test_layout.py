@@ -37,6 +37,7 @@ LAYERS = [
     ("engine",),                     # pools, ranks, torchrun, attribution, the run plan
     ("repro",),                      # standalone repro files
     ("search", "bisect"),            # exploring the case space; bisecting builds
+    ("history",),                    # the selection across torch releases, its page
     ("bench",),                      # benchmarks: kernels, the pool, whole commands, the store
     ("gpu_suite",),                  # everything CUDA on a GPU machine, bounded and packed
     ("commands",),                   # the command line

@@ -56,6 +56,10 @@ class KnownIssue:
     device: Optional[str] = None  # "cpu" or "cuda": the entry covers that device's records only; None: any
     mode: Optional[str] = None  # the records whose mode starts with this only; None: any
     symptoms: tuple[str, ...] = ()  # shell-style patterns over harness.results.symptoms.failures lines
+    # The first and last torch release where the history (harness.history) shows the defect; None where the
+    # history cannot show it, and then history_note says why (apex is not installed there, say).
+    releases: Optional[tuple[str, str]] = None
+    history_note: str = ""
 
     def covers(self, impl: str, case: str, version: Version, device: Optional[str] = None,
                mode: Optional[str] = None) -> bool:
@@ -124,12 +128,33 @@ def load(path: Optional[str] = None) -> tuple[KnownIssue, ...]:
             why = symptoms_mod.check_pattern(pattern)
             if why:
                 raise UsageError(f"{p}: issue #{i + 1} symptoms: {why}")
+        releases, history_note = _releases(p, i, e.get("releases"))
         patterns = e["cases"] if isinstance(e["cases"], list) else [e["cases"]]
         impls = e["impl"] if isinstance(e["impl"], list) else [e["impl"]]
         entries.append(KnownIssue(impl=tuple(impls), cases=tuple(patterns), torch=spec, status=tuple(statuses),
                                   link=e["link"], note=" ".join(str(e.get("note", "")).split()), device=device,
-                                  mode=mode, symptoms=tuple(named)))
+                                  mode=mode, symptoms=tuple(named), releases=releases,
+                                  history_note=history_note))
     return tuple(entries)
+
+
+def _releases(p: Path, i: int, value) -> tuple[Optional[tuple[str, str]], str]:
+    """An entry's optional ``releases``: [first, last] (torch versions), or a sentence saying why the history
+    cannot show the defect."""
+    if value is None:
+        return None, ""
+    if isinstance(value, str) and value.strip():
+        return None, value.strip()
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+        try:
+            first, last = Version(value[0]), Version(value[1])
+        except InvalidVersion:
+            first = last = None
+        if first is not None and first <= last:
+            return (value[0], value[1]), ""
+    raise UsageError(f"{p}: issue #{i + 1} releases = {value!r}: give [\"FIRST\", \"LAST\"] (the torch releases "
+                     "where the history shows it, oldest first, e.g. [\"2.1.2\", \"2.14.1\"]), or a sentence "
+                     "saying why the history cannot show it")
 
 
 def covering(impl: str, case: str, torch_version: str, path: Optional[str] = None, device: Optional[str] = None,
