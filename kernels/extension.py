@@ -290,7 +290,12 @@ def _clear_stale_baton(spec: BuildSpec) -> None:
 def _compile(spec: BuildSpec, *, verbose: bool) -> None:
     _check_toolchain(spec)
     import torch
-    import torch.utils.cpp_extension as cpp
+
+    try:
+        import torch.utils.cpp_extension as cpp
+    except ImportError as exc:  # torch < 2.1 imports pkg_resources, which setuptools 81 removed
+        raise KernelBuildError(f"torch {torch.__version__}'s torch.utils.cpp_extension does not import ({exc}); "
+                               "install what it names (for pkg_resources: pip install 'setuptools<81')") from exc
 
     what = f"CPU and CUDA ({spec.cuda_archs or 'this GPU'})" if spec.with_cuda else "CPU"
     took = "a few minutes" if spec.with_cuda else "~30 s on two cores"

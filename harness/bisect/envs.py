@@ -58,14 +58,30 @@ def harness_requirements() -> list[str]:
     try:
         reqs = requires("syncbn-harness") or []
     except PackageNotFoundError:
-        return ["click>=8.1", "filelock>=3.12", "ninja>=1.11"]
+        return ["click>=8.1", "filelock>=3.12", "ninja>=1.11", "setuptools<81"]
     out = []
     for r in reqs:
         spec, _, marker = r.partition(";")
         if "extra" in marker or re.split(r"[<>=!~ \[]", spec.strip())[0].lower() == "torch":
             continue
         out.append(spec.strip())
+    # torch before 2.1 imports pkg_resources in torch.utils.cpp_extension (which builds the reference kernels);
+    # setuptools 81 removed it, and a venv made --without-pip has no setuptools at all.
+    out.append("setuptools<81")
     return out
+
+
+def compat_pins(build: Build) -> list[str]:
+    """What an older torch needs beside it that its own metadata does not say: torch before 2.3 was built
+    against NumPy 1 and, beside NumPy 2 (which pandas brings), reports "Numpy is not available"."""
+    from packaging.version import InvalidVersion, Version
+
+    if build.kind != "release" or build.package != "torch":
+        return []
+    try:
+        return ["numpy<2"] if Version(build.version).release[:2] < (2, 3) else []
+    except InvalidVersion:
+        return []
 
 
 @dataclass
@@ -145,8 +161,8 @@ def _create_env(build: Build, opts: EnvOptions, directory: Path, log: Callable[[
             raise InstallFailed("this harness is not installed from its source tree, so it cannot be put "
                                 "into a fresh environment: install it with `pip install -e ROOT`, or use "
                                 "--inherit")
-        _logged(*install_command(installer, py, [target, *harness_requirements()], opts.index), logfile,
-                INSTALL_TIMEOUT_S)
+        _logged(*install_command(installer, py, [target, *harness_requirements(), *compat_pins(build)], opts.index),
+                logfile, INSTALL_TIMEOUT_S)
         _logged(*install_command(installer, py, ["--no-deps", "-e", str(root)], None), logfile, INSTALL_TIMEOUT_S)
     info = {"build": build.to_dict(), "inherit": opts.inherit, "installer": installer, "created_at": children.now(),
             "install_s": round(time.monotonic() - t0, 1), "install_log": str(logfile)}

@@ -49,6 +49,16 @@ def _own_forward(kind: type) -> bool:
     return kind.forward is not nn.modules.batchnorm._BatchNorm.forward
 
 
+def _every(model: nn.Module, kind: str):
+    """``named_parameters``/``named_buffers`` with ``remove_duplicate=False`` (``kind``: ``_parameters`` or
+    ``_buffers``): every name a shared tensor is reachable by. Written out because torch before 2.0 has no
+    ``remove_duplicate`` on these two, and the history runs its releases."""
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        for name, t in getattr(module, kind).items():
+            if t is not None:
+                yield (f"{prefix}.{name}" if prefix else name), t
+
+
 def _snapshot(model: nn.Module) -> dict:
     """What a faithful conversion keeps, read before converting."""
     modules = dict(model.named_modules(remove_duplicate=False))
@@ -58,7 +68,7 @@ def _snapshot(model: nn.Module) -> dict:
     return {
         "norms": {n: type(m) for n, m in user_models.batch_norms(model).items()},
         "training": {n: m.training for n, m in modules.items()},
-        "params": {n: (id(p), p.requires_grad) for n, p in model.named_parameters(remove_duplicate=False)},
+        "params": {n: (id(p), p.requires_grad) for n, p in _every(model, "_parameters")},
         "qconfig": {n: m.qconfig for n, m in modules.items() if getattr(m, "qconfig", None) is not None},
         "shared": [names for names in by_object.values() if len(names) > 1],
     }
@@ -82,7 +92,7 @@ def conversion_problems(before: dict, converted: nn.Module) -> list[str]:
     for name, flag in before["training"].items():
         if name in modules and modules[name].training != flag:
             problems.append(f"{name or 'the model'}: training={modules[name].training} after conversion, was {flag}")
-    params = dict(converted.named_parameters(remove_duplicate=False))
+    params = dict(_every(converted, "_parameters"))
     for name, (ident, requires_grad) in before["params"].items():
         p = params.get(name)
         if p is None:
@@ -218,9 +228,9 @@ def run_step(case: Case, impl, device: str, rank: int, model: nn.Module, oracle:
                                                                   "none (requires_grad=False before conversion)")))
     model.zero_grad(set_to_none=True)
     oracle.zero_grad(set_to_none=True)
-    truth = dict(oracle.named_buffers(remove_duplicate=False))
+    truth = dict(_every(oracle, "_buffers"))
     inner = model.module if averaged else model
-    got_buffers = dict(inner.named_buffers(remove_duplicate=False))
+    got_buffers = dict(_every(inner, "_buffers"))
     bitwise = judge_buffers(got_buffers.items(), truth, judge, metrics, key, pdtype)
     missing = sorted(set(truth) - set(got_buffers))
     if missing:

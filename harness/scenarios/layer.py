@@ -187,11 +187,16 @@ def _grad_of(view: torch.Tensor, leaf: torch.Tensor, layout: str) -> Optional[to
     return leaf.grad
 
 
+def _storage(t: torch.Tensor) -> int:
+    """Where ``t``'s memory starts (``untyped_storage`` is torch >= 2.0; ``storage`` before, deprecated since)."""
+    return (t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()).data_ptr()
+
+
 def _input_problems(x: torch.Tensor, before: torch.Tensor, y: torch.Tensor) -> list[str]:
     problems = []
     if not torch.equal(x.detach(), before) and not (x.isnan().any() and before.isnan().any()):
         problems.append("forward changed its input (the input tensor must be left as it was)")
-    if y.numel() and x.numel() and y.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+    if y.numel() and x.numel() and _storage(y) == _storage(x):
         problems.append("the output aliases the input's memory (a later write to one changes the other)")
     return problems
 
