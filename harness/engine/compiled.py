@@ -48,6 +48,17 @@ def compile_options(case) -> dict:
     return {"fullgraph": "fullgraph" in case.compile, "dynamic": True if "dynamic" in case.compile else None}
 
 
+
+def lookup_backend(name: str):
+    """The compiler function dynamo registers under ``name`` (``torch._dynamo.lookup_backend`` from torch 2.1;
+    torch 2.0 has it only in ``torch._dynamo.backends.registry``)."""
+    import torch._dynamo
+
+    found = getattr(torch._dynamo, "lookup_backend", None)
+    if found is None:
+        from torch._dynamo.backends.registry import lookup_backend as found
+    return found(name)
+
 class Recorder:
     """An adapter in front of ``impl`` that records what its modules produce, optionally compiling them.
 
@@ -145,9 +156,7 @@ class DynamoLog:
 
     def backend(self):
         """The named backend, behind a counter of the graphs it is given."""
-        import torch._dynamo
-
-        named = torch._dynamo.lookup_backend(self.name)
+        named = lookup_backend(self.name)
 
         def counting(gm, example_inputs):
             self.graphs += 1

@@ -63,9 +63,9 @@ def dynamo() -> None:
 
     try:
         if preload_is_safe():
-            import torch._dynamo
+            from harness.engine.compiled import lookup_backend
 
-            torch._dynamo.lookup_backend("eager")
+            lookup_backend("eager")
             import torch._inductor.compile_fx  # noqa: F401
             for name in FIRST_COMPILE:
                 try:

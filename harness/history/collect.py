@@ -191,7 +191,8 @@ def _one(release: str, store: Path, selection: Selection, opts: EnvOptions, keep
     log(f"{out.status} in {out.run_s:.0f}s: {_counts(out.counts)}" + (f"; {out.reason}" if out.reason else ""))
     if not keep_envs:
         shutil.rmtree(directory, ignore_errors=True)
-        Path(str(directory) + ".lock").unlink(missing_ok=True)
+        for leftover in (".lock", ".install.log"):  # the install went well: nothing points to its log
+            Path(str(directory) + leftover).unlink(missing_ok=True)
         log(f"environment removed ({out.env_bytes / 2**30:.1f} GiB freed)")
     return out
 
