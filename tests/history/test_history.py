@@ -169,3 +169,21 @@ def test_the_page_says_the_same_in_markdown_and_html(tmp_path):
     assert "| fam | 0/0/1/0 | 0/0/1/0 | 1/0/0/0 |" in text  # pass/known/failed/not run (no row is marked known)
     page_html = html.read_text()
     assert "<td class='shows'>■</td>" in page_html and "cast the counts" in page_html
+
+
+def test_the_command_lists_its_releases_and_refuses_an_empty_range_or_a_folder_that_is_no_history(tmp_path):
+    from cli_here import run_here
+
+    listed = run_here(["history", "--store", tmp_path / "s", "--first", "2.12", "--last", "2.13.0", "--dry-run"])
+    assert listed.returncode == 0 and listed.stdout.strip() == "history of 2 releases: 2.12.1, 2.13.0+cpu"
+    assert not (tmp_path / "s").exists()
+    empty = run_here(["history", "--store", tmp_path / "s", "--first", "2.14", "--last", "2.1", "--dry-run"])
+    assert empty.returncode == 2 and "release range 2.14..2.1 is empty" in empty.stderr
+    (tmp_path / "plain").mkdir()
+    refused = run_here(["report", "--history", tmp_path / "plain", "--out", tmp_path / "out"])
+    assert refused.returncode == 2 and "holds no history.json" in refused.stderr
+    (tmp_path / "s").mkdir()
+    (tmp_path / "s" / "history.json").write_text("{not json")
+    broken = run_here(["report", "--history", tmp_path / "s", "--out", tmp_path / "out"])
+    assert broken.returncode == 2 and "is not a history manifest" in broken.stderr
+    assert (tmp_path / "s" / "history.json").read_text() == "{not json"  # nothing stored is lost
