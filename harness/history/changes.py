@@ -3,6 +3,9 @@
 For each (implementation, case) and each pair of consecutive stored releases
 where its status differs, :func:`status_changes` names the explanation, in
 this order:
+0. a side where the case did not run (skipped or unsupported): its record's
+   reason (``torch.compile`` before 2.0, say), which is the harness's own
+   account, not torch's behaviour;
 1. an upstream change of ``torch_changes.toml`` (:mod:`harness.history.fixes`)
    that concerns the case, whose statuses match, released in between;
 2. a known issue that shows on one side and not the other
@@ -26,6 +29,8 @@ from harness.history.fixes import Change, explain
 from harness.history.table import History, Row
 from harness.results.known_issues import KnownIssue
 
+NOT_RUN = ("skipped", "unsupported")
+
 
 @dataclass(frozen=True)
 class StatusChange:
@@ -38,9 +43,13 @@ class StatusChange:
 
 
 def _explain(before: Row, after: Row, changes: list[Change], entries: tuple[KnownIssue, ...]) -> tuple[str, bool]:
+    for side in (before, after):
+        if side.status in NOT_RUN:  # the record says why the case could not run on that release
+            return f"not run on {side.release}: {side.message}", True
     change = explain(before, after, changes)
     if change is not None:
-        return f"#{change.pr} {change.title} ({change.link})", True
+        return (f"{change.name} {change.title} ({change.link})" if change.pr is not None
+                else f"{change.title} ({change.link})"), True
     for entry in entries:
         was, now = ranges.shows(entry, before), ranges.shows(entry, after)
         if was != now:

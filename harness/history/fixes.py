@@ -3,7 +3,8 @@
 The data file ``torch_changes.toml`` beside the case catalog lists torch pull
 requests that change what the harness sees of SyncBN: a fix (an error or a
 wrong value that goes away) or a capability (``torch.compile`` appearing).
-Each ``[[change]]`` names its pull request (``pr``, ``link``, ``title``),
+Each ``[[change]]`` names its pull request (``pr``, ``link``, ``title``; a
+change with no single pull request gives its release notes as ``link``),
 the first release that contains it (``release``, from the tags that contain
 its commit), the implementations and cases it concerns (shell-style
 patterns), and the statuses of those cases before and after it. Optionally
@@ -36,14 +37,14 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python < 3.11 only
     import tomli as tomllib
 
-REQUIRED = ("pr", "link", "title", "release", "impl", "cases", "before", "after")
+REQUIRED = ("link", "title", "release", "impl", "cases", "before", "after")
 
 
 @dataclass(frozen=True)
 class Change:
     """One upstream change: its pull request, its first release, and what it changes in which cases."""
 
-    pr: int
+    pr: Optional[int]  # None: a change with no single pull request (release notes, a feature)
     link: str
     title: str
     release: str
@@ -53,6 +54,11 @@ class Change:
     after: tuple[str, ...]
     note: str = ""
     verdict: str = ""  # what the investigation of a disagreement found
+
+    @property
+    def name(self) -> str:
+        """``#98332``, or the title where there is no single pull request."""
+        return f"#{self.pr}" if self.pr is not None else self.title
 
     def concerns(self, row: Row) -> bool:
         """Whether the row is one of this change's (impl, case)."""
@@ -84,7 +90,7 @@ def load(path: Optional[Path] = None) -> list[Change]:
             raise UsageError(f"{p}: change #{i + 1} release = {e['release']!r} is not a version (e.g. \"2.1.0\")") \
                 from None
         lists = {k: tuple(e[k] if isinstance(e[k], list) else [e[k]]) for k in ("impl", "cases", "before", "after")}
-        out.append(Change(pr=int(e["pr"]), link=e["link"], title=e["title"], release=e["release"], **lists,
+        out.append(Change(pr=int(e["pr"]) if "pr" in e else None, link=e["link"], title=e["title"], release=e["release"], **lists,
                           note=" ".join(str(e.get("note", "")).split()),
                           verdict=" ".join(str(e.get("verdict", "")).split())))
     return out
@@ -101,6 +107,7 @@ class Check:
 
     @property
     def agrees(self) -> bool:
+        """The history shows the change at the first stored release that contains it."""
         return self.expected is not None and self.expected == self.observed
 
     @property

@@ -23,10 +23,10 @@ from packaging.version import Version
 from harness.history import changes as changes_mod
 from harness.history import fixes as fixes_mod
 from harness.history import ranges
+from harness.history.changes import NOT_RUN
 from harness.history.table import History
 from harness.results.known_issues import KnownIssue
 
-NOT_RUN = ("skipped", "unsupported")
 FAILED = ("mismatch", "error", "crash", "hang")
 
 
@@ -130,7 +130,7 @@ def fixes_section(history: History, changes: list) -> Section:
                   ["change", "title", "expected", "observed", "cases", "verdict"])
     for c in sorted(changes, key=lambda c: Version(c.release)):
         got = fixes_mod.check(c, history)
-        sec.rows.append([f"#{c.pr}", c.title, got.expected or f"{c.release} (not in the history)",
+        sec.rows.append([c.name if c.pr is not None else _short(c.link), c.title, got.expected or f"{c.release} (not in the history)",
                          got.observed or "no change seen", str(got.cases), got.verdict])
     return sec
 

@@ -187,3 +187,10 @@ def test_the_command_lists_its_releases_and_refuses_an_empty_range_or_a_folder_t
     broken = run_here(["report", "--history", tmp_path / "s", "--out", tmp_path / "out"])
     assert broken.returncode == 2 and "is not a history manifest" in broken.stderr
     assert (tmp_path / "s" / "history.json").read_text() == "{not json"  # nothing stored is lost
+
+
+def test_a_case_that_could_not_run_on_one_side_is_explained_by_its_records_reason(tmp_path):
+    h = _history({"1.13.1": "unsupported", "2.0.1": "pass"})
+    h.rows[0] = Row(**{**h.rows[0].__dict__, "message": "torch 1.13.1 has no torch.compile (torch >= 2.0)"})
+    [c] = changes.status_changes(h, [], ())
+    assert c.explained and c.explanation == "not run on 1.13.1: torch 1.13.1 has no torch.compile (torch >= 2.0)"
