@@ -90,7 +90,8 @@ def load(path: Optional[Path] = None) -> list[Change]:
             raise UsageError(f"{p}: change #{i + 1} release = {e['release']!r} is not a version (e.g. \"2.1.0\")") \
                 from None
         lists = {k: tuple(e[k] if isinstance(e[k], list) else [e[k]]) for k in ("impl", "cases", "before", "after")}
-        out.append(Change(pr=int(e["pr"]) if "pr" in e else None, link=e["link"], title=e["title"], release=e["release"], **lists,
+        out.append(Change(pr=int(e["pr"]) if "pr" in e else None, link=e["link"], title=e["title"],
+                          release=e["release"], **lists,
                           note=" ".join(str(e.get("note", "")).split()),
                           verdict=" ".join(str(e.get("verdict", "")).split())))
     return out

@@ -130,7 +130,8 @@ def fixes_section(history: History, changes: list) -> Section:
                   ["change", "title", "expected", "observed", "cases", "verdict"])
     for c in sorted(changes, key=lambda c: Version(c.release)):
         got = fixes_mod.check(c, history)
-        sec.rows.append([c.name if c.pr is not None else _short(c.link), c.title, got.expected or f"{c.release} (not in the history)",
+        sec.rows.append([c.name if c.pr is not None else _short(c.link), c.title,
+                         got.expected or f"{c.release} (not in the history)",
                          got.observed or "no change seen", str(got.cases), got.verdict])
     return sec
 
