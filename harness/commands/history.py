@@ -8,6 +8,7 @@ import click
 
 from harness.commands import cli
 from harness.commands._options import selection_options
+from harness.errors import UsageError
 
 FIRST_RELEASE = "1.13"
 
@@ -22,12 +23,15 @@ FIRST_RELEASE = "1.13"
 @click.option("--release", "releases", multiple=True, metavar="VERSION",
               help="Exactly these releases instead of the latest patch of each minor (repeatable).")
 @click.option("--keep-envs", is_flag=True, help="Keep each release's environment (default: removed after its run).")
-@click.option("--rerun", is_flag=True, help="Run releases the store already holds again (default: skip them).")
+@click.option("--rerun", is_flag=True, help="Run releases the store already holds again, every case (default: "
+                                            "skip them).")
+@click.option("--update", is_flag=True, help="Run releases the store already holds for the cases they lack only "
+                                             "(the catalog grew since).")
 @click.option("--installer", type=click.Choice(["auto", "pip", "uv"]), default="auto", show_default=True,
               help="What installs each release: uv (one cache of unpacked wheels, hard-linked) when on PATH.")
 @click.option("--dry-run", is_flag=True, help="Print the releases it would cover, and stop.")
 @selection_options
-def history(store_dir, first, last, releases, keep_envs, rerun, installer, dry_run, selection):
+def history(store_dir, first, last, releases, keep_envs, rerun, update, installer, dry_run, selection):
     """Run the selection (default: the default selection of torch and the reference) on the latest patch of
     every minor torch release from --first to --last, each in its own environment, into one store. A release
     the store holds already is skipped; progress and disk use are printed per release. Exit 1 when a release
@@ -36,6 +40,8 @@ def history(store_dir, first, last, releases, keep_envs, rerun, installer, dry_r
     from harness.history.collect import collect
     from harness.history.releases import minor_releases, newest_installable
 
+    if rerun and update:
+        raise UsageError("--rerun and --update: give one (--rerun runs every case again, --update the missing)")
     if not selection.impls:
         from dataclasses import replace
 
@@ -45,11 +51,11 @@ def history(store_dir, first, last, releases, keep_envs, rerun, installer, dry_r
     else:
         newest = last or newest_installable()
         chosen = minor_releases(available_versions("torch", IndexOptions()), first, newest)
-    click.echo(f"history of {len(chosen)} releases: {', '.join(chosen)}")
+    click.echo(f"history of {len(chosen)} release{'s' if len(chosen) != 1 else ''}: {', '.join(chosen)}")
     if dry_run:
         return
-    outcomes = collect(chosen, Path(store_dir), selection, keep_envs=keep_envs, rerun=rerun, installer=installer,
-                       log=lambda s: click.echo(s, err=True))
+    outcomes = collect(chosen, Path(store_dir), selection, keep_envs=keep_envs, rerun=rerun, update=update,
+                       installer=installer, log=lambda s: click.echo(s, err=True))
     failed = [o for r, o in outcomes.items() if r in chosen and o.status != "stored"]
     for o in failed:
         click.echo(f"torch=={o.release}: not stored: {o.reason}")

@@ -2,7 +2,8 @@
 
 For each release, oldest first (:func:`collect`):
 1. a release the store's manifest already holds with the same selection is
-   skipped (``stored``); ``--rerun`` runs it again;
+   skipped (``stored``); ``--update`` runs it for the cases it lacks (the
+   catalog grew), ``--rerun`` for every case again;
 2. its environment is made by the bisection machinery
    (:func:`harness.bisect.envs.ensure_env`: a fresh virtual environment with
    that torch, this harness from its source tree and its dependencies, in the
@@ -124,9 +125,12 @@ def release_records(store: Path, release: str) -> tuple[Optional[str], list]:
 
 
 def collect(releases: Sequence[str], store: Path, selection: Selection, *, keep_envs: bool = False,
-            rerun: bool = False, installer: str = "auto", index: Optional[IndexOptions] = None,
-            log: Callable[[str], None] = print) -> dict[str, ReleaseOutcome]:
-    """Run ``selection`` in each release's environment into ``store``; see the module docstring."""
+            rerun: bool = False, update: bool = False, installer: str = "auto",
+            index: Optional[IndexOptions] = None, log: Callable[[str], None] = print) -> dict[str, ReleaseOutcome]:
+    """Run ``selection`` in each release's environment into ``store``; see the module docstring.
+
+    ``rerun``: run stored releases again, every case; ``update``: run stored releases again for the cases
+    they lack only (cases the catalog gained since)."""
     store = Path(store).absolute()
     (store / "logs").mkdir(parents=True, exist_ok=True)
     outcomes = read_manifest(store)
@@ -135,8 +139,9 @@ def collect(releases: Sequence[str], store: Path, selection: Selection, *, keep_
     for n, release in enumerate(releases, 1):
         label = f"[{n}/{len(releases)}] torch=={release}"
         held = outcomes.get(release)
-        if held and held.status == "stored" and held.selection == argv and not rerun:
-            log(f"{label}: stored already ({_counts(held.counts)}); skipped (--rerun runs it again)")
+        if held and held.status == "stored" and held.selection == argv and not (rerun or update):
+            log(f"{label}: stored already ({_counts(held.counts)}); skipped (--update runs the cases it lacks, "
+                "--rerun every case)")
             continue
         outcomes[release] = _one(release, store, selection, opts, keep_envs, resume=not rerun,
                                  log=lambda s, _l=label: log(f"{_l}: {s}"))
