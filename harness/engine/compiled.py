@@ -39,6 +39,7 @@ from harness.engine.collectives import suspended
 from harness.engine.messages import RankResult
 from harness.judge.invariants import bits
 from harness.judge.metric import Metric
+from harness.results.compile_stats import portable
 
 SHOWN = 6  # differing tensors named in a record
 
@@ -210,7 +211,8 @@ def short_reason(text: str) -> str:
         context = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Developer debug context:")),
                        "")
         parts.append(f"{first} ({context})" if context and context not in first else first)
-    return re.sub(r"(?:/[^\s/()'\"]+)+/([^\s/()'\"]+\.py)", r"\1", " -> ".join(parts) or "unknown")
+    text = portable(" -> ".join(parts) or "unknown")
+    return re.sub(r"(?:/[^\s/()'\"]+)+/([^\s/()'\"]+\.py)", r"\1", text)
 
 
 def _where(stack) -> str:

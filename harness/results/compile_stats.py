@@ -21,6 +21,7 @@ how the compiled pass compared with the eager one.
 from __future__ import annotations
 
 import html
+import re
 from typing import Optional
 
 from harness.results.records import Record
@@ -77,13 +78,24 @@ def summary(record: Record) -> list[str]:
     return out
 
 
+_INSTALLED = re.compile(r"/[^\s()'\"]*/(?:site|dist)-packages/")
+
+
+def portable(reason: str) -> str:
+    """A reason with the install location cut (``/x/.venv/lib/python3.11/site-packages/torch/_compile`` ->
+    ``torch/_compile``): the same break in two environments reads the same."""
+    return _INSTALLED.sub("", reason)
+
+
 def signature(record: Record) -> Optional[dict]:
-    """Per rank: (graphs, break reasons, eager-frame reasons); None for a record without compile metrics."""
+    """Per rank: (graphs, break reasons, eager-frame reasons); None for a record without compile metrics.
+    Reasons are :func:`portable`, so two builds installed in different places compare equal."""
     ranks = _ranks(record)
     if not ranks:
         return None
-    return {rank: (s.get("graphs", 0), frozenset(b["reason"] for b in s.get("graph_breaks", [])),
-                   frozenset(b["reason"] for b in s.get("skipped_frames", []))) for rank, s in ranks.items()}
+    return {rank: (s.get("graphs", 0), frozenset(portable(b["reason"]) for b in s.get("graph_breaks", [])),
+                   frozenset(portable(b["reason"]) for b in s.get("skipped_frames", [])))
+            for rank, s in ranks.items()}
 
 
 def change(before: Record, after: Record) -> Optional[str]:

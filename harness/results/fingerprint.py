@@ -10,6 +10,8 @@ plain dicts from :mod:`harness.engine.collectives`). Two views of them:
   builds: ``(op, group, dtype, numel)`` of each call. :func:`change` compares
   two records' patterns (count, op, dtype, size, group) and says where they
   first differ; ``diff`` and ``gate`` report that as its own kind of change.
+  A rank stopped mid-case (a crash, a hang, a sibling's failure) is compared
+  over the calls both sides reached only: how far it got is timing.
 
 A side without fingerprints (records written before the harness recorded
 them) is never a change: nothing is known to compare.
@@ -20,7 +22,7 @@ from __future__ import annotations
 from itertools import groupby
 from typing import Optional
 
-from harness.results.records import Record
+from harness.results.records import RankStatus, Record
 
 
 def _call(c: dict, world: list[int]) -> str:
@@ -57,6 +59,11 @@ def pattern(record: Record) -> Optional[dict[int, list[tuple]]]:
                      for c in o.collectives] for o in record.ranks if o.collectives is not None}
 
 
+def _cut_short(record: Record) -> set[int]:
+    """Ranks stopped mid-case (crashed, hung, or stopped because a sibling failed)."""
+    return {o.rank for o in record.ranks if o.status in (RankStatus.CRASH, RankStatus.HANG, RankStatus.PEER_FAILED)}
+
+
 def _describe(t: tuple) -> str:
     op, group, dtype, numel = t
     return f"{op} {dtype}[{numel}]" + (f" @{list(group)}" if group else "") if dtype else f"{op}"
@@ -67,8 +74,11 @@ def change(before: Record, after: Record) -> Optional[str]:
     a, b = pattern(before), pattern(after)
     if a is None or b is None:
         return None
+    cut = _cut_short(before) | _cut_short(after)
     for rank in sorted(set(a) & set(b)):
         x, y = a[rank], b[rank]
+        if rank in cut:  # how far a rank got before it was stopped is a matter of timing: compare what both reached
+            x, y = x[:min(len(x), len(y))], y[:min(len(x), len(y))]
         if x == y:
             continue
         parts = [f"rank {rank}: {len(x)} -> {len(y)} collectives"] if len(x) != len(y) else [f"rank {rank}:"]

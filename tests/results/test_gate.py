@@ -257,6 +257,29 @@ def test_a_change_of_the_collectives_is_its_own_kind_and_fails_the_gate_only_if_
     assert {r["name"] for r in junit_rows(strict) if r["outcome"] == "failure"} == {"a/more/ws2", "a/renamed/ws2"}
 
 
+def test_a_rank_stopped_mid_case_is_compared_over_the_calls_both_sides_reached():
+    crash = [gather("float16")]
+    before, after = make("a/crash/ws2", Status.CRASH), make("a/crash/ws2", Status.CRASH)
+    before.ranks = [RankOutcome(rank=0, status=RankStatus.CRASH, collectives=crash),
+                    RankOutcome(rank=1, status=RankStatus.PEER_FAILED, collectives=[gather()])]
+    after.ranks = [RankOutcome(rank=0, status=RankStatus.CRASH, collectives=crash),
+                   RankOutcome(rank=1, status=RankStatus.PEER_FAILED,
+                               collectives=[gather(), gather("float32", 10, "all_reduce")])]
+    assert fingerprint.change(before, after) is None  # how far the peer got before the abort is timing
+    after.ranks[1].collectives = [gather("float16")]
+    assert fingerprint.change(before, after) == ("rank 1: #0 all_gather float32[11] @[0, 1] -> "
+                                                 "all_gather float16[11] @[0, 1]")
+
+
+def test_a_graph_break_in_two_environments_reads_the_same():
+    from harness.results import compile_stats
+
+    reason = ("Attempted to call function marked as skipped (skip reason: file matches MOD_SKIPLIST "
+              "(/work/{}/lib/python3.11/site-packages/torch/_compile))")
+    a, b = (compile_stats.portable(reason.format(v)) for v in (".venv", ".venv-cuda"))
+    assert a == b and "(torch/_compile))" in a
+
+
 def test_the_compact_view_counts_repeats_per_step_and_marks_subgroups():
     calls = [gather(), gather("float32", 10, "all_reduce"), gather("float32", 10, "all_reduce"),
              gather("float16", 4, step=1, group=(0, 2))]
