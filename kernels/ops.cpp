@@ -23,8 +23,14 @@
 // Kernels live in cpu/ (TORCH_LIBRARY_IMPL(syncbn_ref, CPU)) and cuda/
 // (TORCH_LIBRARY_IMPL(syncbn_ref, CUDA)).
 #include <torch/library.h>
+#include <torch/version.h>
 
 TORCH_LIBRARY(syncbn_ref, m) {
+#if TORCH_VERSION_MAJOR == 2 && (TORCH_VERSION_MINOR == 2 || TORCH_VERSION_MINOR == 3)
+  // torch 2.2 and 2.3 refuse the Python fakes (harness/kernels/fake.py) of ops defined in C++ unless the
+  // library names the module that registers them; later releases need no stub.
+  m.impl_abstract_pystub("harness.kernels.fake");
+#endif
   m.def("batch_norm_stats(Tensor input, float eps) -> (Tensor, Tensor)");
   m.def(
       "batch_norm_gather_stats_with_counts(Tensor input, Tensor mean, Tensor invstd, "
