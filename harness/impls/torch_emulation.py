@@ -66,6 +66,9 @@ import textwrap
 from typing import Optional
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.modules._functions import SyncBatchNorm as SyncBNFunction
 
 from harness.impls import cuda_arith, cuda_contract, cuda_reduce
 from harness.errors import ImplUnavailable
@@ -321,10 +324,8 @@ class FunctionDriven(torch.nn.SyncBatchNorm):
     """
 
     def forward(self, input):
-        import torch.distributed as dist
-        import torch.nn.functional as F
-        from torch.nn.modules._functions import SyncBatchNorm as SyncBNFunction
-
+        # The imports are the module's: TorchScript refuses an import statement, and scripting this forward
+        # must fail (or not) as torch's own does.
         self._check_input_dim(input)
         if hasattr(self, "_check_non_zero_input_channels"):
             self._check_non_zero_input_channels(input)
