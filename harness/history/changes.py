@@ -9,7 +9,9 @@ this order:
 1. an upstream change of ``torch_changes.toml`` (:mod:`harness.history.fixes`)
    that concerns the case, whose statuses match, released in between;
 2. a known issue that shows on one side and not the other
-   (:mod:`harness.history.ranges`): it begins or ends there;
+   (:mod:`harness.history.ranges`): it begins or ends there; or one that
+   shows on both sides with different statuses (gloo aborting where it used
+   to raise, say): the same defect, another of its symptoms;
 3. otherwise ``unexplained``.
 :func:`grouped` folds them into one line per (releases, implementation,
 statuses, explanation), with a count and an example case, as the page shows
@@ -54,6 +56,9 @@ def _explain(before: Row, after: Row, changes: list[Change], entries: tuple[Know
         was, now = ranges.shows(entry, before), ranges.shows(entry, after)
         if was != now:
             return f"known issue {'ends' if was else 'begins'}: {entry.link}", True
+    for entry in entries:
+        if ranges.shows(entry, before) and ranges.shows(entry, after):
+            return f"one known issue, another of its symptoms: {entry.link}", True
     return "unexplained", False
 
 

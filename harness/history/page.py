@@ -104,7 +104,8 @@ def known_section(history: History, entries: tuple[KnownIssue, ...]) -> Section:
     for entry in entries:
         seen, ran = set(ranges.observed(entry, history)), set(ranges.ran(entry, history))
         problems = ranges.disagreements(entry, history)
-        stated = ranges.stated_range(entry.releases) if entry.releases else f"not in the history: {entry.history_note}"
+        stated = (ranges.stated_range(entry.releases) if entry.releases
+                  else f"not in the history: {entry.history_note}" if entry.history_note else "none stated")
         sec.rows.append([_short(entry.link), ", ".join(entry.impl), stated,
                          *("■" if r in seen else "·" if r in ran else "" for r in stored),
                          "; ".join(problems) or "agrees"])

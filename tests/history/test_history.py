@@ -194,3 +194,12 @@ def test_a_case_that_could_not_run_on_one_side_is_explained_by_its_records_reaso
     h.rows[0] = Row(**{**h.rows[0].__dict__, "message": "torch 1.13.1 has no torch.compile (torch >= 2.0)"})
     [c] = changes.status_changes(h, [], ())
     assert c.explained and c.explanation == "not run on 1.13.1: torch 1.13.1 has no torch.compile (torch >= 2.0)"
+
+
+def test_one_known_issue_on_both_sides_with_another_status_is_the_same_defect(tmp_path):
+    entries = _entries(tmp_path, ENTRY.format(spec=">=1.13", releases='["1.13.1", "2.0.1"]').replace(
+        'status = "error"', 'status = ["error", "crash"]').replace('symptoms = [', 'symptoms = ["crash SIG*", '))
+    h = _history({"1.13.1": "error", "2.0.1": "crash"})
+    h.rows[1] = Row(**{**h.rows[1].__dict__, "failures": ("crash SIGABRT",)})
+    [c] = changes.status_changes(h, [], entries)
+    assert c.explanation == "one known issue, another of its symptoms: https://github.com/pytorch/pytorch/pull/98332"
