@@ -57,17 +57,17 @@ def _cell(statuses: Counter, known: int) -> str:
     return f"{passed}/{known}/{failed}/{not_run}"
 
 
-def releases_section(history: History) -> Section:
+def releases_section(history: History, entries: tuple[KnownIssue, ...]) -> Section:
     sec = Section("Releases", "Each release's environment, what ran and what it cost. Records are the latest of each "
-                  "(implementation, case); known: failures a known issue expects; failed: the others; not run: "
-                  "skipped or unsupported, each with its reason in the records.",
+                  "(implementation, case); known: failures the known-issues file explains (as it reads now); "
+                  "failed: the others; not run: skipped or unsupported, each with its reason in the records.",
                   ["release", "torch build", "outcome", "records", "pass", "known", "failed", "not run",
                    "environment", "install", "run"])
     for r in history.ordered_releases():
         o = history.releases[r]
         rows = [x for x in history.rows if x.release == r]
         counts = Counter(x.status for x in rows)
-        known = sum(1 for x in rows if x.known)
+        known = sum(1 for x in rows if ranges.known(x, entries))
         build = f"{o.torch_version} ({(o.torch_git_version or '')[:12]})" if o.torch_version else "–"
         sec.rows.append([r, build, "stored" if o.status == "stored" else f"not run: {o.reason}", str(len(rows)),
                          str(counts.get("pass", 0)), str(known),
@@ -77,7 +77,7 @@ def releases_section(history: History) -> Section:
     return sec
 
 
-def family_sections(history: History) -> list[Section]:
+def family_sections(history: History, entries: tuple[KnownIssue, ...]) -> list[Section]:
     stored = history.stored()
     out = []
     for impl in sorted({x.impl for x in history.rows}):
@@ -86,7 +86,7 @@ def family_sections(history: History) -> list[Section]:
         for x in history.rows:
             if x.impl == impl:
                 cells.setdefault((x.family, x.release), Counter())[x.status] += 1
-                known[(x.family, x.release)] += bool(x.known)
+                known[(x.family, x.release)] += ranges.known(x, entries)
         sec = Section(f"Families against releases: {impl}", "Each cell: pass/known/failed/not run, as in the "
                       "releases table.", ["family", *stored])
         for family in sorted({f for f, _ in cells}):
@@ -139,7 +139,8 @@ def fixes_section(history: History, changes: list) -> Section:
 
 def sections(history: History, entries: tuple[KnownIssue, ...], changes: list) -> list[Section]:
     """Every table of the page, in order."""
-    return [releases_section(history), *family_sections(history), known_section(history, entries),
+    return [releases_section(history, entries), *family_sections(history, entries),
+            known_section(history, entries),
             changes_section(history, changes, entries), fixes_section(history, changes)]
 
 

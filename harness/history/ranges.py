@@ -29,7 +29,10 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from harness.history.table import History, Row
+from harness.results import symptoms
 from harness.results.known_issues import KnownIssue
+
+FAILED = ("mismatch", "error", "crash", "hang")
 
 
 def covers(entry: KnownIssue, row: Row) -> bool:
@@ -42,6 +45,17 @@ def shows(entry: KnownIssue, row: Row) -> bool:
     """Whether the row is this entry's defect: covered, an expected status, a failure its symptoms name."""
     return (row.status in entry.status and covers(entry, row)
             and any(fnmatch.fnmatchcase(f, p) for f in row.failures for p in entry.symptoms))
+
+
+def known(row: Row, entries: tuple[KnownIssue, ...]) -> bool:
+    """Whether the known-issues entries explain the row's failure now, as a run annotates a record: the entries
+    covering it (torch specifier included) that expect its status name every one of its failures."""
+    if row.status not in FAILED or not row.failures:
+        return False
+    version = Version(row.torch_version or row.release)
+    expecting = [e for e in entries if row.status in e.status
+                 and e.covers(row.impl, row.case, version, row.device, row.mode)]
+    return bool(expecting) and not symptoms.unexplained(row.failures, [p for e in expecting for p in e.symptoms])
 
 
 def observed(entry: KnownIssue, history: History) -> list[str]:

@@ -39,7 +39,7 @@ class Row:
     family: str
     status: str
     failures: tuple[str, ...] = ()
-    known: str = ""  # the link of the known issue that matched, "" when none did
+    known: str = ""  # the link of the known issue that matched when it ran ("" none); the page asks the file anew
     now_passes: bool = False  # a known issue covers the case and it passed
     message: str = ""
     mode: str = ""
