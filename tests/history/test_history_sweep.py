@@ -17,7 +17,7 @@ CASES = ["allgather-shape/even-4-4/float16-float16/contiguous/ws2", "mixed-preci
          "allgather-shape/even-4-4/float32-float32/contiguous/ws2"]
 
 
-@pytest.mark.sweep(240)
+@pytest.mark.sweep(120)
 def test_two_releases_end_to_end_show_the_counts_cast_at_its_release(tmp_path):
     store, out = tmp_path / "store", tmp_path / "page"
     argv = ["history", "--store", store, "--release", OLD, "--release", CURRENT, "--impl", "torch", "--installer",
