@@ -19,9 +19,11 @@ The manifest, ``STORE/history.json``, says per release what happened:
 ``stored`` (with the build key, the record counts and the times), or
 ``failed`` with why (an install that failed, a run that exited other than 0
 or 1). A release that fails is never dropped silently: the page shows it with
-its reason. The manifest is rewritten whole (to a temporary file, then
-renamed) after each release, so an interrupted history loses at most the
-release in flight, and the store itself is append-only.
+its reason. After each release the manifest is read again and rewritten
+whole (to a temporary file, then renamed) under a file lock
+(:func:`record_outcome`), so an interrupted history loses at most the release
+in flight, two histories of other releases can share a store, and the store
+itself is append-only.
 """
 
 from __future__ import annotations
@@ -82,13 +84,21 @@ def read_manifest(store: Path) -> dict[str, ReleaseOutcome]:
                          "the store's records are untouched") from None
 
 
-def write_manifest(store: Path, outcomes: dict[str, ReleaseOutcome]) -> None:
-    """Rewrite the manifest whole, atomically, releases in version order."""
+def record_outcome(store: Path, outcome: ReleaseOutcome) -> dict[str, ReleaseOutcome]:
+    """Set one release's outcome in the manifest and return them all: read, changed and rewritten whole
+    (atomically, releases in version order) under a file lock, so two histories over one store (other
+    releases each) keep each other's entries."""
+    from filelock import FileLock
+
     path = Path(store) / MANIFEST
-    ordered = {r: outcomes[r].to_dict() for r in sorted(outcomes, key=Version)}
-    tmp = path.with_name(f"{MANIFEST}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"releases": ordered}, indent=1) + "\n")
-    os.replace(tmp, path)
+    with FileLock(str(path) + ".lock", timeout=60):
+        outcomes = read_manifest(store)
+        outcomes[outcome.release] = outcome
+        ordered = {r: outcomes[r].to_dict() for r in sorted(outcomes, key=Version)}
+        tmp = path.with_name(f"{MANIFEST}.tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"releases": ordered}, indent=1) + "\n")
+        os.replace(tmp, path)
+    return outcomes
 
 
 def disk_bytes(directory: Path) -> int:
@@ -143,9 +153,9 @@ def collect(releases: Sequence[str], store: Path, selection: Selection, *, keep_
             log(f"{label}: stored already ({_counts(held.counts)}); skipped (--update runs the cases it lacks, "
                 "--rerun every case)")
             continue
-        outcomes[release] = _one(release, store, selection, opts, keep_envs, resume=not rerun,
-                                 log=lambda s, _l=label: log(f"{_l}: {s}"))
-        write_manifest(store, outcomes)
+        outcome = _one(release, store, selection, opts, keep_envs, resume=not rerun,
+                       log=lambda s, _l=label: log(f"{_l}: {s}"))
+        outcomes = record_outcome(store, outcome)
     return outcomes
 
 

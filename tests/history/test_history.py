@@ -203,3 +203,25 @@ def test_one_known_issue_on_both_sides_with_another_status_is_the_same_defect(tm
     h.rows[1] = Row(**{**h.rows[1].__dict__, "failures": ("crash SIGABRT",)})
     [c] = changes.status_changes(h, [], entries)
     assert c.explanation == "one known issue, another of its symptoms: https://github.com/pytorch/pytorch/pull/98332"
+
+
+def _record_many(store: str, first: int) -> None:
+    from harness.history.collect import record_outcome
+
+    for i in range(first, first + 15):
+        record_outcome(store, ReleaseOutcome(f"2.{i}.0", "stored"))
+
+
+def test_two_histories_over_one_store_keep_each_others_releases(tmp_path):
+    import multiprocessing
+
+    from harness.history.collect import read_manifest
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_record_many, args=(str(tmp_path), first)) for first in (0, 15)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    assert sorted(read_manifest(tmp_path), key=lambda r: int(r.split(".")[1])) == [f"2.{i}.0" for i in range(30)]
