@@ -28,6 +28,7 @@ and may have a third, asked in the parent before any rank runs the case:
 """
 
 import importlib
+import sys
 from typing import Optional
 
 SCENARIOS = ("layer", "model", "conversion", "checkpoint", "cuda_graph")
@@ -47,5 +48,8 @@ def unsupported_reason(case, impl, device: str, backend: str) -> Optional[str]:
 
         if not hasattr(torch, "compile"):
             return f"torch {torch.__version__} has no torch.compile (torch >= 2.0)"
+        if sys.version_info >= (3, 11) and torch.__version__.startswith("2.0."):
+            return (f"torch {torch.__version__}'s torch.compile does not run on Python "
+                    f"{sys.version_info.major}.{sys.version_info.minor} (torch >= 2.1 does)")
     check = getattr(module(case.scenario), "unsupported_reason", None)
     return check(case, impl, device, backend) if check is not None else None
