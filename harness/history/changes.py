@@ -22,8 +22,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional
-
 from packaging.version import Version
 
 from harness.history import ranges
@@ -93,10 +91,11 @@ class Group:
     example: str
 
 
-def grouped(found: list[StatusChange], *, example: Optional[dict] = None) -> list[Group]:
-    """One :class:`Group` per (releases, implementation, statuses, explanation), in release order."""
+def grouped(found: list[StatusChange]) -> list[Group]:
+    """One :class:`Group` per (releases, implementation, statuses, explanation), in release order; its example
+    is the first case of the group."""
     counts: Counter = Counter()
-    first: dict = example if example is not None else {}
+    first: dict = {}
     order = []
     for c in found:
         key = (c.before.release, c.after.release, c.after.impl, c.before.status, c.after.status, c.explanation)
