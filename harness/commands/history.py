@@ -47,6 +47,14 @@ def history(store_dir, first, last, releases, keep_envs, rerun, update, installe
 
         selection = replace(selection, impls=("torch", "reference"))
     if releases:
+        from packaging.version import InvalidVersion, Version
+
+        for r in releases:
+            try:
+                Version(r)
+            except InvalidVersion:
+                raise UsageError(f"--release {r!r} is not a torch version: give one such as 2.1.2 or 2.13.0+cpu") \
+                    from None
         chosen = list(releases)
     else:
         newest = last or newest_installable()

@@ -225,3 +225,11 @@ def test_two_histories_over_one_store_keep_each_others_releases(tmp_path):
         p.join(timeout=120)
         assert p.exitcode == 0
     assert sorted(read_manifest(tmp_path), key=lambda r: int(r.split(".")[1])) == [f"2.{i}.0" for i in range(30)]
+
+
+def test_a_release_that_is_no_version_is_refused_before_anything_is_made(tmp_path):
+    from cli_here import run_here
+
+    refused = run_here(["history", "--store", tmp_path / "s", "--release", "latest"])
+    assert refused.returncode == 2 and "--release 'latest' is not a torch version" in refused.stderr
+    assert not (tmp_path / "s").exists()
