@@ -32,6 +32,10 @@ __all__ = ["Written", "find_case", "observe", "repro_source", "seen_line", "writ
 FAILING = ("mismatch", "error", "crash", "hang")
 
 
+# What a short file prints when it judged the symptom present (its exit code alone does not say it).
+SHOWN = "SYMPTOM SHOWS"
+
+
 @dataclass
 class Written:
     """A written repro file: its form, the record it reproduces, and what running it alone gave."""
@@ -41,13 +45,19 @@ class Written:
     record: object = None  # the harness's record of the case (None with --no-run)
     exit_code: Optional[int] = None  # the file's own exit code when verified (1: it shows the symptom)
     output: str = ""  # the verification run's last lines
+    judged: bool = False  # the verification run printed SHOWN: the file itself judged the symptom present
 
     def verdict(self) -> str:
-        """One line on what the file does on its own."""
+        """One line on what the file does on its own. Exit 1 counts as the symptom only with the line the file
+        prints when it judged one (:data:`SHOWN`): Python also exits 1 on an uncaught error, before any
+        judging."""
         if self.exit_code is None:
             return "not run"
         if self.exit_code == 1:
-            return "shows the symptom standalone (exit 1)"
+            if self.judged:
+                return "shows the symptom standalone (exit 1)"
+            return (f"exits 1 without its {SHOWN!r} line: it broke before judging (an uncaught error?): "
+                    f"{self.output.strip()[-300:]}")
         if self.exit_code == 0:
             return ("does NOT show it standalone (exit 0): the failure stays within the short form's "
                     "tolerance (see the file), or depends on something the short form leaves out; try --long")
@@ -125,6 +135,7 @@ def write_short(case: Case, impl_name: str, record, path: Path, *, verify: bool 
         try:
             proc = short.verify(path, timeout=timeout)
             written.exit_code, written.output = proc.returncode, proc.stdout[-2000:] + proc.stderr[-2000:]
+            written.judged = SHOWN in proc.stdout
         except subprocess.TimeoutExpired:
             written.exit_code, written.output = 124, f"did not finish in {timeout:.0f} s"
     return written

@@ -144,3 +144,12 @@ def test_repro_of_a_network_case_is_standalone_too(plugins, tmp_path, case, writ
         assert ran.returncode == code, ran.stdout + ran.stderr
         assert ran.stdout.startswith(f"{word}: {plugin}:SyncBatchNorm"), ran.stdout
         assert "running_var" in ran.stdout or code == 0
+
+
+def test_exit_1_without_the_files_own_line_is_a_broken_file_not_the_symptom(tmp_path):
+    from harness.repro import Written
+
+    broke = Written(tmp_path / "r.py", "short", exit_code=1, output="Traceback ...\nImportError: no module x")
+    assert broke.verdict().startswith("exits 1 without its 'SYMPTOM SHOWS' line: it broke before judging")
+    shown = Written(tmp_path / "r.py", "short", exit_code=1, output="SYMPTOM SHOWS (crash): ...", judged=True)
+    assert shown.verdict() == "shows the symptom standalone (exit 1)"
