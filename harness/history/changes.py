@@ -22,14 +22,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+
 from packaging.version import Version
 
 from harness.history import ranges
 from harness.history.fixes import Change, explain
+from harness.history.ranges import NOT_RUN
 from harness.history.table import History, Row
 from harness.results.known_issues import KnownIssue
-
-NOT_RUN = ("skipped", "unsupported")
 
 
 @dataclass(frozen=True)

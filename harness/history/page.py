@@ -23,11 +23,10 @@ from packaging.version import Version
 from harness.history import changes as changes_mod
 from harness.history import fixes as fixes_mod
 from harness.history import ranges
-from harness.history.changes import NOT_RUN
+from harness.history.ranges import FAILED, NOT_RUN
 from harness.history.table import History
 from harness.results.known_issues import KnownIssue
 
-FAILED = ("mismatch", "error", "crash", "hang")
 
 
 @dataclass

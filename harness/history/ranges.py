@@ -29,10 +29,12 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from harness.history.table import History, Row
-from harness.results import symptoms
-from harness.results.known_issues import KnownIssue
+from harness.results.known_issues import KnownIssue, explain
+from harness.results.records import FAILURES
+from harness.results.records import NOT_RUN as NOT_RUN_STATUSES
 
-FAILED = ("mismatch", "error", "crash", "hang")
+FAILED = frozenset(s.value for s in FAILURES)
+NOT_RUN = frozenset(s.value for s in NOT_RUN_STATUSES)
 
 
 def covers(entry: KnownIssue, row: Row) -> bool:
@@ -53,9 +55,9 @@ def known(row: Row, entries: tuple[KnownIssue, ...]) -> bool:
     if row.status not in FAILED or not row.failures:
         return False
     version = Version(row.torch_version or row.release)
-    expecting = [e for e in entries if row.status in e.status
-                 and e.covers(row.impl, row.case, version, row.device, row.mode)]
-    return bool(expecting) and not symptoms.unexplained(row.failures, [p for e in expecting for p in e.symptoms])
+    found = [e for e in entries if e.covers(row.impl, row.case, version, row.device, row.mode)]
+    expecting, unexplained = explain(found, row.status, row.failures)
+    return bool(expecting) and not unexplained
 
 
 def observed(entry: KnownIssue, history: History) -> list[str]:
@@ -67,7 +69,7 @@ def observed(entry: KnownIssue, history: History) -> list[str]:
 def ran(entry: KnownIssue, history: History) -> list[str]:
     """The stored releases where at least one case the entry covers ran (was not skipped or unsupported)."""
     hits = {row.release for row in history.rows
-            if row.status not in ("skipped", "unsupported") and covers(entry, row)}
+            if row.status not in NOT_RUN and covers(entry, row)}
     return [r for r in history.stored() if r in hits]
 
 

@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
@@ -174,6 +174,16 @@ def match(impl: str, case: str, torch_version: str, path: Optional[str] = None,
     return found[0] if found else None
 
 
+def explain(found: Sequence[KnownIssue], status: str, failures: Sequence[str]
+            ) -> tuple[list[KnownIssue], tuple[str, ...]]:
+    """Of the entries ``found`` covering a record: those expecting its ``status``, and the ``failures`` none of
+    their symptoms name (none when no entry expects the status: nothing was explained). The record is known
+    when some entry expects it and nothing is left unexplained."""
+    expecting = [e for e in found if status in e.status]
+    unexplained = symptoms_mod.unexplained(failures, [p for e in expecting for p in e.symptoms]) if expecting else ()
+    return expecting, unexplained
+
+
 def annotate(record: Record, path: Optional[str] = None) -> Record:
     """Set ``record.known_issue`` from the known-issues file (see the module docstring).
 
@@ -184,10 +194,8 @@ def annotate(record: Record, path: Optional[str] = None) -> Record:
     found = covering(record.impl, record.case, record.torch_version, path, record.device, record.mode)
     if not found:
         return record
-    expecting = [e for e in found if record.status.value in e.status]
+    expecting, unexpected = explain(found, record.status.value, symptoms_mod.failures(record))
     e = expecting[0] if expecting else found[0]
-    patterns = [p for x in expecting for p in x.symptoms]
-    unexpected = symptoms_mod.unexplained(symptoms_mod.failures(record), patterns) if expecting else ()
     record.known_issue = KnownIssueMatch(link=e.link, expected=e.status, note=e.note,
                                          matched=bool(expecting) and not unexpected,
                                          now_passes=record.status == Status.PASS, unexpected=unexpected)
