@@ -23,7 +23,8 @@ The package, lowest layer first (a module imports only from layers below it; tes
 - :mod:`~harness.commands`: the command line (``python -m harness``: ``__main__``).
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
-# Version of the record format (harness.records); bump on any incompatible change.
-SCHEMA_VERSION = 2
+# Version of the record format (harness.results.records); bump on any incompatible change, with a migration
+# in harness.results.reader.
+SCHEMA_VERSION = 3

@@ -17,7 +17,6 @@
 - :mod:`~harness.engine.attribution`: every rank's outcome of a task, and the case's status;
 - :mod:`~harness.engine.reuse`: whether a pool can take the next task after a failure;
 - :mod:`~harness.engine.assemble`: the one path from rank outcomes to a record;
-- :mod:`~harness.engine.plain_layer`: what ``nn.BatchNorm`` itself refuses (a SyncBN raising the same is no defect);
 - :mod:`~harness.engine.torchrun`: the same rank code as one rank of a torchrun job;
 - :mod:`~harness.engine.torchrun_protocol`: the keys a torchrun job's ranks exchange, and its heartbeats;
 - :mod:`~harness.engine.messages`: the plain data that crosses processes.

@@ -1,16 +1,13 @@
 """The one path from what the ranks did to a :class:`~harness.results.records.Record`.
 
 Used by the local pool (:mod:`harness.engine.session`) and by torchrun
-(:mod:`harness.engine.torchrun`) alike. A record gets the case's parameters,
-the build's identity, every rank's outcome, every rank's metrics (prefixed
-``rank<r>.``), the first collective the ranks disagreed on
-(:func:`harness.judge.desync.first_divergence`: named first in the message,
-ahead of the crash or hang it causes, and a mismatch where nothing else
-failed), the checks across ranks of the case's scenario (a rank-level pass
-can still be a case-level mismatch there), what torch.compile did on each
-rank (compiled cases), and what the known-issues file says of it. An error that
-``nn.BatchNorm`` raises too on the same dtypes is ``unsupported``
-(:mod:`harness.engine.plain_layer`).
+(:mod:`harness.engine.torchrun`) alike. The status and message are the
+verdict's (:func:`harness.judge.verdict.case_verdict`, given what
+``nn.BatchNorm`` refuses and the scenario's checks across ranks); this module
+only gathers the rest: the case's parameters, the build's identity, every
+rank's outcome and metrics (prefixed ``rank<r>.``), how the implementation ran
+(its mode and notes), the first desync, what torch.compile did on each rank,
+and what the known-issues file says of it.
 """
 
 from __future__ import annotations
@@ -21,11 +18,12 @@ from typing import Optional
 
 from harness.buildinfo import BuildInfo
 from harness.engine.attribution import message as attribution_message
-from harness.judge.desync import first_divergence
+from harness.judge import plain_layer
 from harness.judge.metric_key import MetricKey
-from harness.engine.plain_layer import refused_like_the_layer
+from harness.judge.status import RankStatus, Status
+from harness.judge.verdict import case_verdict
 from harness.results.known_issues import annotate
-from harness.results.records import RankStatus, Record, Status
+from harness.results.records import Record
 
 
 def now() -> str:
@@ -62,39 +60,18 @@ def from_outcome(case, impl, info: BuildInfo, device: str, backend: str, outcome
 
     results = [r for r in outcome.results if r is not None]
     metrics = {ranked(name, res.rank): m for res in results for name, m in res.metrics.items()}
-    status = outcome.status
-    text = attribution_message(outcome.ranks)
-    if status == Status.ERROR:
-        said = refused_like_the_layer(case, device, outcome.ranks)
-        if said:
-            # What nn.BatchNorm raises too is documented behaviour: the other ranks' failures, if any, remain.
-            others = {o.status for o in outcome.ranks if o.status is not RankStatus.ERROR}
-            status = Status.MISMATCH if RankStatus.MISMATCH in others else Status.UNSUPPORTED
-            layer = f"nn.BatchNorm on {device} refuses {case.dtype} input with {case.param_dtype} parameters too " \
-                    f"({said})"
-            text = f"{text}; {layer}" if status == Status.MISMATCH else f"{layer}: the SyncBN raises what it replaces"
-    desync = first_divergence({o.rank: o.collectives for o in outcome.ranks},
-                              [r.rank for r in results if r.status in (RankStatus.PASS, RankStatus.MISMATCH)])
-    if desync is not None:
-        # The cause goes first: the crash, hang or wrong numbers that follow are its consequences.
-        text = "; ".join(filter(None, [f"desync: {desync.message}", text]))
-        if status == Status.PASS:
-            status = Status.MISMATCH
-    if status in (Status.PASS, Status.MISMATCH):
-        bad = []
-        for name, m in scenario(case.scenario).judge_across(case, results):
-            metrics[name] = m
-            if not m.ok:
-                bad.append(f"{name}: {m.describe()}")
-        if bad:
-            status = Status.MISMATCH
-            text = "; ".join(filter(None, [text, *bad[:3]]))
+    verdict = case_verdict(
+        outcome.status, outcome.ranks, attribution_message(outcome.ranks),
+        finished=[r.rank for r in results if r.status in (RankStatus.PASS, RankStatus.MISMATCH)],
+        layer=plain_layer.refusal(case, device) if outcome.status is Status.ERROR else None,
+        across=lambda: scenario(case.scenario).judge_across(case, results))
     first = results[0] if results else None
-    return record(case, impl, info, device, backend, status, text, ranks=outcome.ranks, metrics=metrics,
-                  duration_s=round(duration, 4), started_at=started,
+    return record(case, impl, info, device, backend, verdict.status, verdict.message, ranks=outcome.ranks,
+                  metrics={**metrics, **verdict.metrics}, duration_s=round(duration, 4), started_at=started,
                   impl_version=first.impl_version if first else None, mode=first.mode if first else None,
-                  compare=merge_compare(results), desync=desync.to_dict() if desync else None,
-                  compile=merge_compile(results), logs=getattr(outcome, "logs", None))
+                  mode_notes=tuple(first.mode_notes) if first else (), compare=merge_compare(results),
+                  desync=verdict.desync.to_dict() if verdict.desync else None, compile=merge_compile(results),
+                  logs=getattr(outcome, "logs", None))
 
 
 def merge_compare(results: list) -> Optional[dict]:

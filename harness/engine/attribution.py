@@ -20,8 +20,7 @@ faulthandler dump of its Python stacks was taken).
 - an exception raised inside torch.distributed after a sibling crashed is the
   sibling's doing (``peer-failed``).
 
-The case's status is the worst: crash, then hang, then error, then mismatch;
-a case where only peers failed (their sibling's failure lost) is an error.
+The case's status from these outcomes is rule 2 of :mod:`harness.judge.verdict`.
 """
 
 from __future__ import annotations
@@ -31,7 +30,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from harness.engine.messages import RankResult
-from harness.results.records import RankOutcome, RankStatus, Status
+from harness.judge.status import RankOutcome, RankStatus, Status
+from harness.judge.verdict import from_ranks
 
 # Frames of these files in a stack or traceback mean "inside a collective".
 COLLECTIVE_MARKERS = ("torch/distributed/", "distributed_c10d.py")
@@ -206,7 +206,7 @@ def attribute(observations: list[Observation], *, failed_first: bool,
             if o.status is RankStatus.ERROR and o.traceback and any(m in o.traceback for m in COLLECTIVE_MARKERS):
                 o.status = RankStatus.PEER_FAILED
                 o.message = f"collective failed after a sibling crashed: {o.message}"
-    return overall(outcomes, timed_out), outcomes
+    return from_ranks(outcomes, timed_out), outcomes
 
 
 def _blame_hang(outcomes: list[RankOutcome], silent: list[RankOutcome], timeout: float,
@@ -237,22 +237,6 @@ def _blame_hang(outcomes: list[RankOutcome], silent: list[RankOutcome], timeout:
         for o in silent:
             o.status = RankStatus.HANG
             o.message = f"deadlocked in a collective for {timeout:g}s"
-
-
-def overall(outcomes: list[RankOutcome], timed_out: bool) -> Status:
-    """The case's status from its ranks' (worst first)."""
-    statuses = {o.status for o in outcomes}
-    for rank_status, status in ((RankStatus.CRASH, Status.CRASH), (RankStatus.HANG, Status.HANG),
-                                (RankStatus.ERROR, Status.ERROR)):
-        if rank_status in statuses:
-            return status
-    if timed_out:
-        return Status.HANG
-    if RankStatus.MISMATCH in statuses:
-        return Status.MISMATCH
-    if RankStatus.PEER_FAILED in statuses:
-        return Status.ERROR
-    return Status.PASS
 
 
 def message(outcomes: list[RankOutcome]) -> str:

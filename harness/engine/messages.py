@@ -53,7 +53,8 @@ class RankResult:
     metrics: dict[str, Metric] = field(default_factory=dict)
     across: dict = field(default_factory=dict)
     impl_version: Optional[str] = None
-    mode: Optional[str] = None
+    mode: Optional[str] = None  # a harness.judge.mode.Mode's value (plain data crosses)
+    mode_notes: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     compare: Optional[dict] = None
     collectives: Optional[list] = None

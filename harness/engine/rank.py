@@ -51,7 +51,8 @@ from harness.engine.messages import RankResult, Task
 from harness.errors import EXIT_PARENT_GONE
 from harness.impls.registry import resolve
 from harness.judge.desync import eval_checks, group_checks
-from harness.results.records import RankStatus
+from harness.judge.mode import of as mode_of
+from harness.judge.verdict import rank_verdict
 from harness.scenarios import module as scenario_named
 
 START_TIMEOUT_S = 180.0  # spawn + import torch + init_process_group (+ a kernel build on first use)
@@ -120,7 +121,7 @@ def run_task(ctx: RankContext, task: Task, scenario=None) -> RankResult:
         case = Case.from_dict(task.case)
         impl = ctx.impl(task.impl, task.device)
         result.impl_version = impl.version()
-        result.mode = impl.mode
+        impl.ddp_note = None  # a note of the task before is not this task's
         try:
             runner = scenario or scenario_module(case)
             if case.compile:
@@ -129,19 +130,17 @@ def run_task(ctx: RankContext, task: Task, scenario=None) -> RankResult:
                 runner.run_rank(ctx, case, impl, task.device, result, task.compare)
         finally:
             result.collectives = recorded()
+            result.mode = mode_of(impl.mode, f"impl {task.impl!r}")
+            result.mode_notes = [*impl.mode_notes, *filter(None, [impl.ddp_note])]
         # What the rank said goes first: a wrong collective is the cause of the wrong tensors after it.
         said = eval_checks(case, result.collectives) + group_checks(case, ctx.rank, result.collectives)
         result.metrics = dict(said + [(k, m) for k, m in result.metrics.items() if k not in dict(said)])
-        bad = [(name, m) for name, m in result.metrics.items() if not m.ok]
-        result.status = RankStatus.MISMATCH if bad else RankStatus.PASS
-        result.message = "; ".join(f"{name}: {m.describe()}" for name, m in bad[:4]) + (
-            f" (+{len(bad) - 4} more)" if len(bad) > 4 else "")
+        result.status, result.message = rank_verdict(result.metrics)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - a rank reports every failure as data
-        result.status = RankStatus.ERROR
+        result.status, result.message = rank_verdict(result.metrics, raised=exc)
         result.exception_type = type(exc).__name__
-        result.message = str(exc)[:2000]
         result.traceback = traceback.format_exc()[-8000:]
     result.duration_s = time.perf_counter() - t0
     return result

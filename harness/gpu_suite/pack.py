@@ -78,7 +78,7 @@ def records_csv(work: Path, path: Path) -> int:
                         default="")
             known = "" if not r.known_issue else ("known" if r.known_issue.matched else
                                                   "now passes" if r.known_issue.now_passes else "other failure")
-            w.writerow([r.case, r.family, r.impl, r.mode or "", r.device, r.backend, str(r.status), known,
+            w.writerow([r.case, r.family, r.impl, r.mode_text, r.device, r.backend, str(r.status), known,
                         "" if ratio is None else f"{ratio:.4g}", worst if ratio is not None else "",
                         " ".join(r.message.split())[:240]])
     return len(records)

@@ -74,7 +74,7 @@ def rows_from_store(store: Path) -> History:
                             failures=tuple(symptoms.failures(r)),
                             known=r.known_issue.link if r.known_issue and r.known_issue.matched else "",
                             now_passes=bool(r.known_issue and r.known_issue.now_passes),
-                            message=r.message[:MESSAGE_CHARS], mode=r.mode or "", device=r.device,
+                            message=r.message[:MESSAGE_CHARS], mode=r.mode.value if r.mode else "", device=r.device,
                             torch_version=r.torch_version))
     rows.sort(key=lambda x: (Version(x.release), x.impl, x.case))
     return History(outcomes, rows)

@@ -7,6 +7,7 @@
   :mod:`~harness.impls.torch_emulation` (torch's module on CPU), :mod:`~harness.impls.torch_patched`
   (``torch@PATH``: a patched copy of torch's SyncBatchNorm run as torch),
   :mod:`~harness.impls.cuda_contract` (what torch's CUDA kernels accept, enforced by the emulation),
+  :mod:`~harness.impls.cuda_plan` (the calls torch's SyncBN makes for a case, checked before it runs),
   :mod:`~harness.impls.cuda_arith` (what they compute, transliterated: the emulation's arithmetic) and
   :mod:`~harness.impls.cuda_reduce` (its reductions, partial by partial),
   :mod:`~harness.impls.apex` (and :mod:`~harness.impls.apex_build`, its extension built from a user's

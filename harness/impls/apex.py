@@ -33,6 +33,7 @@ from harness.catalog.case import Case
 from harness.errors import ImplUnavailable
 from harness.impls.base import Capabilities, Impl
 from harness.impls.registry import register
+from harness.judge.mode import Mode
 
 PR_REMOVED = "NVIDIA/apex PR #1896"
 INSTALL_HINT = (f"not on the package index: build it from source at a commit before {PR_REMOVED}, see "
@@ -122,13 +123,13 @@ class ApexImpl(Impl):
         return _OPTIMIZED_CAPS if probe().kind == "optimized" else _FALLBACK_CAPS
 
     @property
-    def mode(self) -> Optional[str]:  # type: ignore[override]
+    def mode(self) -> Optional[Mode]:  # type: ignore[override]
         kind = probe().kind
-        if kind == "optimized":
-            return "optimized"
-        if kind == "fallback":
-            return "python-fallback" if nvtx_usable() else "python-fallback (nvtx no-op)"
-        return None
+        return {"optimized": Mode.OPTIMIZED, "fallback": Mode.PYTHON_FALLBACK}.get(kind)
+
+    @property
+    def mode_notes(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("nvtx no-op",) if self.mode is Mode.PYTHON_FALLBACK and not nvtx_usable() else ()
 
     def version(self) -> Optional[str]:
         from importlib.metadata import PackageNotFoundError, version

@@ -18,6 +18,7 @@ from typing import Optional
 
 from harness.catalog.case import Case
 from harness.errors import ImplUnavailable
+from harness.judge.mode import Mode
 
 
 def construct_like_syncbn(factory, case: Case, process_group):
@@ -59,7 +60,8 @@ class Impl(abc.ABC):
     """Base adapter. Subclasses set ``name``, ``capabilities`` and implement ``build``."""
 
     name: str = ""
-    mode: Optional[str] = None
+    mode: Optional[Mode] = None  # how its kernels run (None: it has one way only)
+    mode_notes: tuple[str, ...] = ()  # what else holds of the mode in every task (apex's nvtx stub, say)
     capabilities: Capabilities = Capabilities()
 
     @property
@@ -67,7 +69,7 @@ class Impl(abc.ABC):
         """What :func:`resolve` takes to rebuild this adapter in another process."""
         return self.name
 
-    def mode_on(self, device: str) -> Optional[str]:
+    def mode_on(self, device: str) -> Optional[Mode]:
         """The mode a rank on ``device`` runs this implementation in, as the parent can tell before any rank
         answers (a record whose ranks all died or were cut off still names it); ranks report their own."""
         return self.mode
@@ -141,7 +143,7 @@ class Impl(abc.ABC):
         """A context in which ``DistributedDataParallel`` may wrap a model of this implementation's layers."""
         return contextlib.nullcontext()
 
-    ddp_note: Optional[str] = None  # what ddp_guard changed, for the records' mode
+    ddp_note: Optional[str] = None  # what ddp_guard changed in the task now running (the rank resets it per task)
 
     def describe(self) -> dict:
         """Name, mode, version, availability and capabilities, for ``list impls``."""
@@ -150,7 +152,8 @@ class Impl(abc.ABC):
             state, reason = "available", None
         except Exception as exc:  # noqa: BLE001 - any failure to load is the reason it is unavailable
             state, reason = "unavailable", str(exc)
-        return {"name": self.name, "state": state, "reason": reason, "mode": self.mode,
+        mode = " ".join([self.mode.value, *(f"({n})" for n in self.mode_notes)]) if self.mode else None
+        return {"name": self.name, "state": state, "reason": reason, "mode": mode,
                 "version": _safe(self.version), **self.capabilities.to_dict()}
 
 

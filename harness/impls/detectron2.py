@@ -41,6 +41,7 @@ from harness.catalog.case import Case
 from harness.errors import ImplUnavailable
 from harness.impls.base import Capabilities, Impl
 from harness.impls.registry import register
+from harness.judge.mode import Mode
 
 INSTALL_HINT = ("pip install detectron2-layers (detectron2's layers on PyPI), or put a detectron2 checkout "
                 "on PYTHONPATH (git clone https://github.com/facebookresearch/detectron2; its batch_norm.py "
@@ -80,11 +81,19 @@ class Detectron2Impl(Impl):
     capabilities = Capabilities(ndims=frozenset({4}), subgroups=False, empty_ranks=False)
 
     @property
-    def mode(self) -> Optional[str]:
+    def mode(self) -> Optional[Mode]:  # type: ignore[override]
         try:
-            return f"stats_mode={self.stats_mode!r} from {locate()[1]}"
+            locate()
         except ImplUnavailable:
             return None
+        return Mode.NATIVE  # its own Python over torch's ops, on the device the record names
+
+    @property
+    def mode_notes(self) -> tuple[str, ...]:  # type: ignore[override]
+        try:
+            return f"stats_mode={self.stats_mode!r}", f"from {locate()[1]}"
+        except ImplUnavailable:
+            return ()
 
     def version(self) -> str:
         from importlib.metadata import version

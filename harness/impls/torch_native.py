@@ -17,13 +17,14 @@ from typing import Optional
 from harness.catalog.case import Case
 from harness.impls.base import Capabilities, Impl, construct_like_syncbn
 from harness.impls.registry import register
+from harness.judge.mode import Mode
 
 
 @register("torch")
 class TorchImpl(Impl):
     """``torch.nn.SyncBatchNorm`` and its ``convert_sync_batchnorm``."""
 
-    mode = "native"
+    mode = Mode.NATIVE
     path = "module"  # how the CPU emulation gets past the module's device check (set per rank)
     capabilities = Capabilities(convert=True)
 
@@ -32,17 +33,17 @@ class TorchImpl(Impl):
 
         return torch.__version__
 
-    def mode_on(self, device: str) -> Optional[str]:
-        return "cpu-emulation" if device == "cpu" else "native"
+    def mode_on(self, device: str) -> Optional[Mode]:
+        return Mode.CPU_EMULATION if device == "cpu" else Mode.NATIVE
 
     def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
         """The capabilities' reason, else why CUDA's kernels refuse torch's SyncBN on ``case`` (either device)."""
         reason = super().unsupported_reason(case, device)
         if reason:
             return reason
-        from harness.impls import cuda_contract
+        from harness.impls import cuda_plan
 
-        return cuda_contract.syncbn_unsupported_reason(case, device)
+        return cuda_plan.syncbn_unsupported_reason(case, device)
 
     def repro_binding(self) -> dict:
         return {"library": "torch", "code": "SyncBatchNorm = torch.nn.SyncBatchNorm", "on_cuda": True}
@@ -67,7 +68,7 @@ class TorchImpl(Impl):
             from harness.impls import torch_emulation
 
             torch_emulation.install()
-            self.mode = "cpu-emulation"
+            self.mode = Mode.CPU_EMULATION
             self.path = torch_emulation.device_check_path(self.syncbn_class())
             if self.path == "module":
                 torch_emulation.accept_cpu_in_module(self.syncbn_class())
@@ -106,14 +107,14 @@ class TorchImpl(Impl):
 
     def before_compile(self) -> None:
         """In cpu-emulation, the Python CPU kernels of the five ATen ops are skipped by dynamo (a GPU's are C++)."""
-        if self.mode == "cpu-emulation":
+        if self.mode is Mode.CPU_EMULATION:
             from harness.impls import torch_emulation
 
             torch_emulation.hide_kernels_from_dynamo()
 
     def ddp_guard(self):
         """In cpu-emulation, DDP's refusal of SyncBatchNorm in CPU modules is skipped while it wraps the model."""
-        if self.mode == "cpu-emulation":
+        if self.mode is Mode.CPU_EMULATION:
             from harness.impls import torch_emulation
 
             self.ddp_note = "DDP's CPU SyncBatchNorm check skipped"

@@ -1,4 +1,4 @@
-"""Judgement: the float64 truth, the tolerances, and one implementation's tensors against them.
+"""Judgement: the float64 truth, the tolerances, one implementation's tensors against them, and the verdict.
 
 - :mod:`~harness.judge.oracle`: batch normalization over the global batch, exactly, in float64;
 - :mod:`~harness.judge.compare`: the tolerance policy (in one place) and the comparison of every tensor;
@@ -7,5 +7,9 @@
 - :mod:`~harness.judge.metric_key`: the name of a judged quantity (step, phase, tensor, rank), built and read here;
 - :mod:`~harness.judge.elementwise`: one tensor against its truth, elementwise, under a final tolerance;
 - :mod:`~harness.judge.invariants`: what must be bitwise the same on every rank of a group;
-- :mod:`~harness.judge.desync`: the collectives the ranks issued, checked against each other.
+- :mod:`~harness.judge.desync`: the collectives the ranks issued, checked against each other;
+- :mod:`~harness.judge.status`: the verdict's words (a case's status, a rank's status and outcome);
+- :mod:`~harness.judge.mode`: how an implementation ran (native, cpu-emulation, ...), its notes apart;
+- :mod:`~harness.judge.plain_layer`: what ``nn.BatchNorm`` itself refuses, on CPU and on CUDA;
+- :mod:`~harness.judge.verdict`: every rule that sets a ran case's status, in order (pure).
 """

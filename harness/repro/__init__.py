@@ -99,11 +99,11 @@ def observe(case: Case, impl_name: str, device: str, timeout: float = 300.0):
 
 def seen_line(record, case: Case) -> str:
     """Where the symptom was seen: build, mode, device, and whether a CUDA record confirms it."""
-    mode = f" ({record.mode})" if record.mode and record.mode != "native" else ""
+    mode = f" ({record.mode_text})" if record.mode_text and record.mode_text != "native" else ""
     impl = "" if record.impl == "torch" else f" with {record.impl} {record.impl_version or ''}".rstrip()
     line = (f"{record.status.value} on torch {record.torch_version}{mode}{impl}, {record.device}/{record.backend}, "
             f"syncbn-harness case {case.id}")
-    if record.mode == "cpu-emulation":
+    if record.emulated:
         line += "; cpu-emulation, not yet confirmed on CUDA"
     return line
 

@@ -241,7 +241,7 @@ def header(case: Case, impl_name: str, device: str, impl: dict, record, command:
     out = [f"Reproduction of SyncBatchNorm case {case.id} for {impl_name}.",
            f"Written by syncbn-harness {__version__} on {now} ({command}).", ""]
     if record is not None:
-        mode = f", mode {record.mode}" if record.mode else ""
+        mode = f", mode {record.mode_text}" if record.mode_text else ""
         out += [f"Observed: {record.status.value}" + (f": {record.message}" if record.message else ""),
                 f"  on torch {record.torch_version} (git {record.torch_git_version}), CUDA {record.cuda_version}, "
                 f"device {record.device}, backend {record.backend}{mode}, {impl_name} {record.impl_version or ''}",

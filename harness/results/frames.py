@@ -41,8 +41,8 @@ def records_frame(records: Iterable[Record]):
         a = assess(r)
         row = {"build": record_key(r), "torch_version": r.torch_version, "torch_git_version": r.torch_git_version,
                "device": r.device, "backend": r.backend, "impl": r.impl, "impl_version": r.impl_version,
-               "mode": r.mode, "case": r.case, "family": r.family, "status": r.status.value,
-               "known_issue": r.known,
+               "mode": r.mode_text, "emulated": r.emulated, "case": r.case, "family": r.family,
+               "status": r.status.value, "known_issue": r.known,
                "known_link": r.known_issue.link if r.known_issue else "",
                "worst_ratio": r.worst_ratio, "message": r.message, "ranks": attribution(r),
                "collectives": "\n".join(fingerprint.per_rank(r)) if r.status.value in FAILING else "",

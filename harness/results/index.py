@@ -84,7 +84,7 @@ def _row(r: Record, file: str, offset: int, length: int) -> tuple:
     """The index's row of record ``r``, at ``offset`` in ``file`` (the columns of :data:`_COLUMNS`)."""
     return (file, offset, length, file[:-len(".jsonl")], r.impl, r.case, r.family, r.status.value, int(r.known),
             r.known_issue.link if r.known_issue else "", r.worst_ratio, r.torch_git_version, int(bool(r.compile)),
-            int(bool(r.metrics)), r.mode or "", r.overlay.commit if r.overlay else "",
+            int(bool(r.metrics)), r.mode.value if r.mode else "", r.overlay.commit if r.overlay else "",
             r.overlay.left_out if r.overlay else 0)
 
 

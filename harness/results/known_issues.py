@@ -5,8 +5,8 @@ Protocol: :func:`annotate` sets ``record.known_issue`` (a
 record's implementation, case ID (shell-style patterns), torch version (a
 PEP 440 specifier) and, where the entry names them, device (a defect that shows
 only on ``cuda``, say, because it needs a copy that only a move to the GPU makes)
-and mode (the start of the record's mode: apex's ``python-fallback`` and not its
-``optimized`` extension, say):
+and mode (the record's :class:`~harness.judge.mode.Mode`: apex's ``python-fallback`` and
+not its ``optimized`` extension, say; a mode's notes never matter):
 - the record has the entry's expected status and every one of its failures
   (:func:`harness.results.symptoms.failures`) is one the entry's ``symptoms``
   name: ``matched``; the failure is expected and does not fail
@@ -26,12 +26,13 @@ import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional, Sequence, Union
 
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import UsageError
+from harness.judge.mode import Mode, parse as parse_mode
 from harness.results import symptoms as symptoms_mod
 from harness.results.records import KnownIssueMatch, Record, Status
 
@@ -54,7 +55,7 @@ class KnownIssue:
     link: str
     note: str = ""
     device: Optional[str] = None  # "cpu" or "cuda": the entry covers that device's records only; None: any
-    mode: Optional[str] = None  # the records whose mode starts with this only; None: any
+    mode: Optional[Mode] = None  # the records of this mode only; None: any
     symptoms: tuple[str, ...] = ()  # shell-style patterns over harness.results.symptoms.failures lines
     # The first and last torch release where the history (harness.history) shows the defect; None where the
     # history cannot show it, and then history_note says why (apex is not installed there, say).
@@ -62,15 +63,16 @@ class KnownIssue:
     history_note: str = ""
 
     def covers(self, impl: str, case: str, version: Version, device: Optional[str] = None,
-               mode: Optional[str] = None) -> bool:
+               mode: Union[Mode, str, None] = None) -> bool:
         """Whether this entry covers a record; ``torch@PATH`` (a patched copy of torch's SyncBatchNorm) is
-        covered as ``torch`` is, so that only what the patch changes shows."""
+        covered as ``torch`` is, so that only what the patch changes shows. ``mode``: a record's mode, or the
+        one-string form of rows written before modes had notes apart (:func:`harness.judge.mode.parse`)."""
         names = (impl, impl.split("@", 1)[0]) if impl.startswith("torch@") else (impl,)
         return (any(fnmatch.fnmatchcase(n, p) for n in names for p in self.impl) and any(fnmatch.fnmatchcase(case, p)
                                                                             for p in self.cases)
                 and self.torch.contains(version, prereleases=True)
                 and (self.device is None or device == self.device)
-                and (self.mode is None or (mode or "").startswith(self.mode)))
+                and (self.mode is None or parse_mode(mode)[0] is self.mode))
 
 
 def default_path() -> Path:
@@ -120,9 +122,9 @@ def load(path: Optional[str] = None) -> tuple[KnownIssue, ...]:
             raise UsageError(f"{p}: issue #{i + 1} device = {device!r}: give \"cpu\" or \"cuda\", or leave it "
                              "out for a defect seen on both")
         mode = e.get("mode")
-        if mode is not None and (not isinstance(mode, str) or not mode):
-            raise UsageError(f"{p}: issue #{i + 1} mode = {mode!r}: give the start of a record's mode as a "
-                             "string (e.g. \"python-fallback\"), or leave it out")
+        if mode is not None and mode not in Mode._value2member_map_:
+            raise UsageError(f"{p}: issue #{i + 1} mode = {mode!r}: give one of "
+                             f"{', '.join(repr(m.value) for m in Mode)}, or leave it out for every mode")
         named = e["symptoms"] if isinstance(e["symptoms"], list) else [e["symptoms"]]
         for pattern in named:
             why = symptoms_mod.check_pattern(pattern)
@@ -133,7 +135,7 @@ def load(path: Optional[str] = None) -> tuple[KnownIssue, ...]:
         impls = e["impl"] if isinstance(e["impl"], list) else [e["impl"]]
         entries.append(KnownIssue(impl=tuple(impls), cases=tuple(patterns), torch=spec, status=tuple(statuses),
                                   link=e["link"], note=" ".join(str(e.get("note", "")).split()), device=device,
-                                  mode=mode, symptoms=tuple(named), releases=releases,
+                                  mode=Mode(mode) if mode else None, symptoms=tuple(named), releases=releases,
                                   history_note=history_note))
     return tuple(entries)
 

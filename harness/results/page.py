@@ -80,8 +80,8 @@ def gather(store_dir) -> Page:
         if not failing.empty:
             failing["confirmation"] = [
                 ("cpu-emulation, not yet confirmed on CUDA" if (impl, case) not in confirmed
-                 else "cpu-emulation, confirmed on CUDA") if mode == "cpu-emulation" else ""
-                for impl, case, mode in zip(failing["impl"], failing["case"], failing["mode"])]
+                 else "cpu-emulation, confirmed on CUDA") if emulated else ""
+                for impl, case, emulated in zip(failing["impl"], failing["case"], failing["emulated"])]
             failing = failing.sort_values(["known_issue", "severity_rank"], kind="stable")
         compiled_total = store.count(Where(compiled=True))
         compiled = records_frame(store.latest(Where(compiled=True), order="by-impl", limit=MAX_COMPILED))

@@ -29,6 +29,7 @@ from typing import Callable
 
 from harness import SCHEMA_VERSION, __version__
 from harness.errors import HarnessError, UsageError
+from harness.judge import mode
 from harness.results.records import Overlay, Record
 
 log = logging.getLogger("harness.results.store")  # what a user sees is the store's reading
@@ -57,10 +58,20 @@ def _v1_to_v2(d: dict) -> dict:
     return d
 
 
+def _v2_to_v3(d: dict) -> dict:
+    """Schema 3: a mode with words after it (``"cpu-emulation; DDP's CPU SyncBatchNorm check skipped"``,
+    ``"python-fallback (nvtx no-op)"``) becomes the mode and its ``mode_notes``."""
+    found, notes = mode.parse(d.get("mode"))
+    d["mode"] = found.value if found else None
+    d["mode_notes"] = list(notes)
+    d["schema_version"] = 3
+    return d
+
+
 # schema_version -> function migrating a record dict of that version to the next one.
-MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2}
+MIGRATIONS: dict[int, Callable[[dict], dict]] = {1: _v1_to_v2, 2: _v2_to_v3}
 # The first harness release that writes each schema version (for the refusal message).
-HARNESS_FOR_SCHEMA = {1: "0.1.0", 2: "0.2.0"}
+HARNESS_FOR_SCHEMA = {1: "0.1.0", 2: "0.2.0", 3: "0.3.0"}
 
 
 def migrate(d: dict, source: str) -> dict:

@@ -1,92 +1,30 @@
-"""Results as data: statuses, per-rank outcomes, known-issue matches, records and the exit code.
+"""Results as data: a record of one (case, implementation), its known-issue match and overlay identity.
 
 A :class:`Record` is the result of one (case, implementation) on one build. It
 round-trips through ``to_dict``/``from_dict`` (JSON-safe) and carries
 ``schema_version`` so stores can refuse newer formats and migrate older ones.
 Every field that has a closed set of values is typed: :class:`Status` for a
-record, :class:`RankStatus` for one rank, :class:`~harness.judge.metric.Metric`
-per compared tensor, :class:`KnownIssueMatch` for the known-issues file's say,
+record and :class:`RankStatus` for one rank (the judge's words,
+:mod:`harness.judge.status`), :class:`~harness.judge.mode.Mode` for how the
+implementation ran (its notes kept apart, in ``mode_notes``),
+:class:`~harness.judge.metric.Metric` per compared tensor, :class:`KnownIssueMatch` for the known-issues file's say,
 :class:`Overlay` for a Python overlay build's identity (what the store key of
 such a build is made of; ``torch_git_version`` keeps its prose for people).
 """
 
 from __future__ import annotations
 
-import enum
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from harness import SCHEMA_VERSION
 from harness.judge.metric import Metric, worst_ratio
+from harness.judge.mode import Mode
+from harness.judge.status import FAILURES, NOT_RUN, WORST_FIRST, RankOutcome, RankStatus, Status
 from harness.results import evidence
 
-
-class Status(str, enum.Enum):
-    """Outcome of one (case, impl); :data:`FAILURES` make ``run`` exit 1 unless they are known issues."""
-
-    PASS = "pass"
-    MISMATCH = "mismatch"
-    ERROR = "error"
-    CRASH = "crash"
-    HANG = "hang"
-    UNSUPPORTED = "unsupported"
-    SKIPPED = "skipped"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-FAILURES = frozenset({Status.MISMATCH, Status.ERROR, Status.CRASH, Status.HANG})
-# Nothing ran: the implementation cannot run the case here, or says it does not support it.
-NOT_RUN = frozenset({Status.SKIPPED, Status.UNSUPPORTED})
-# Every status, worst first: the order reports and tables sort and color by.
-WORST_FIRST = (Status.CRASH, Status.HANG, Status.ERROR, Status.MISMATCH, Status.PASS, Status.UNSUPPORTED,
-               Status.SKIPPED)
-
-
-class RankStatus(str, enum.Enum):
-    """What one rank did during a case. ``PEER_FAILED``: stopped because a sibling failed, not blamed."""
-
-    PASS = "pass"
-    MISMATCH = "mismatch"
-    ERROR = "error"
-    CRASH = "crash"
-    HANG = "hang"
-    PEER_FAILED = "peer-failed"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclass
-class RankOutcome:
-    """What one rank did during a case: its status and the evidence (exception, signal, stack dump)."""
-
-    rank: int
-    status: RankStatus
-    exit_code: Optional[int] = None
-    signal: Optional[str] = None  # e.g. "SIGSEGV"
-    exception_type: Optional[str] = None
-    message: str = ""
-    traceback: Optional[str] = None
-    stack_dump: Optional[str] = None  # faulthandler dump of a hung or crashed rank
-    collectives: Optional[list] = None  # the collectives this rank issued, in order (plain dicts)
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["status"] = self.status.value
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RankOutcome":
-        names = {f.name for f in fields(cls)}
-        kw = {k: v for k, v in d.items() if k in names}
-        kw["status"] = RankStatus(kw["status"])
-        return cls(**kw)
-
-    def line(self) -> str:
-        """``rank 1: crash SIGSEGV exited ...``: one line for JUnit details and terminals."""
-        return f"rank {self.rank}: {self.status.value} {self.exception_type or ''} {self.message}".strip()
+__all__ = ["FAILURES", "NOT_RUN", "WORST_FIRST", "KnownIssueMatch", "Mode", "Overlay", "RankOutcome", "RankStatus",
+           "Record", "Status", "check_fields"]
 
 
 @dataclass(frozen=True)
@@ -172,7 +110,8 @@ class Record:
     status: Status
     message: str = ""
     impl_version: Optional[str] = None
-    mode: Optional[str] = None
+    mode: Optional[Mode] = None
+    mode_notes: tuple[str, ...] = ()  # what else the run says of its mode ("nvtx no-op", "DDP's CPU ... skipped")
     ranks: list[RankOutcome] = field(default_factory=list)
     metrics: dict[str, Metric] = field(default_factory=dict)
     torch_version: str = ""
@@ -194,9 +133,16 @@ class Record:
     logs: Optional[str] = None  # a failing case's rank logs, kept in the harness cache (bounded)
     schema_version: int = SCHEMA_VERSION
 
+    def __post_init__(self) -> None:
+        # A mode given by its value ("native") is the enum's member; a composite string is refused here.
+        self.mode = Mode(self.mode) if self.mode is not None else None
+        self.mode_notes = tuple(self.mode_notes)
+
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["status"] = self.status.value
+        d["mode"] = self.mode.value if self.mode else None
+        d["mode_notes"] = list(self.mode_notes)
         d["ranks"] = [r.to_dict() for r in self.ranks]
         d["metrics"] = {name: m.to_dict() for name, m in self.metrics.items()}
         d["known_issue"] = self.known_issue.to_dict() if self.known_issue else None
@@ -209,6 +155,8 @@ class Record:
         kw = {k: v for k, v in d.items() if k in names}
         check_fields(kw)
         kw["status"] = Status(kw["status"])
+        kw["mode"] = Mode(kw["mode"]) if kw.get("mode") else None
+        kw["mode_notes"] = tuple(kw.get("mode_notes") or ())
         kw["ranks"] = [RankOutcome.from_dict(r) for r in kw.get("ranks") or []]
         kw["metrics"] = {name: Metric.from_dict(m) for name, m in (kw.get("metrics") or {}).items()}
         if kw.get("known_issue"):
@@ -228,6 +176,17 @@ class Record:
     def failed(self) -> bool:
         """A failure that is not an expected known issue."""
         return self.status in FAILURES and not self.known
+
+    @property
+    def emulated(self) -> bool:
+        """Whether the verdict was reached over CPU stand-ins for CUDA's kernels (not yet confirmed on CUDA)."""
+        return bool(self.mode and self.mode.emulated)
+
+    @property
+    def mode_text(self) -> str:
+        """The mode and its notes as people read them: ``python-fallback (nvtx no-op)``; '' for none."""
+        words = [self.mode.value] if self.mode else []
+        return " ".join(words + ([f"({'; '.join(self.mode_notes)})"] if self.mode_notes else []))
 
     @property
     def ran(self) -> bool:
@@ -254,11 +213,11 @@ class Record:
 _OPT = type(None)
 # What a stored record's fields must be (status is checked by its enum, the evidence by its shapes).
 _FIELD_TYPES = {"case": str, "family": str, "params": dict, "impl": str, "message": str, "impl_version": (str, _OPT),
-                "mode": (str, _OPT), "ranks": list, "metrics": dict, "torch_version": str, "torch_git_version": str,
-                "overlay": (dict, _OPT), "cuda_version": (str, _OPT), "device": str, "backend": str, "world_size": int,
-                "duration_s": (int, float), "started_at": str, "host": str, "known_issue": (dict, _OPT),
-                "compare": (dict, _OPT), "desync": (dict, _OPT), "diagnosis": (dict, _OPT), "compile": (dict, _OPT),
-                "logs": (str, _OPT), "schema_version": int}
+                "mode": (str, _OPT), "mode_notes": list, "ranks": list, "metrics": dict, "torch_version": str,
+                "torch_git_version": str, "overlay": (dict, _OPT), "cuda_version": (str, _OPT), "device": str,
+                "backend": str, "world_size": int, "duration_s": (int, float), "started_at": str, "host": str,
+                "known_issue": (dict, _OPT), "compare": (dict, _OPT), "desync": (dict, _OPT),
+                "diagnosis": (dict, _OPT), "compile": (dict, _OPT), "logs": (str, _OPT), "schema_version": int}
 
 
 def check_fields(d: dict) -> None:
@@ -270,5 +229,7 @@ def check_fields(d: dict) -> None:
             names_of = " or ".join("null" if t is _OPT else t.__name__ for t in
                                    (want if isinstance(want, tuple) else (want,)))
             raise TypeError(f"field {k!r} is {type(v).__name__} {str(v)[:40]!r}, expected {names_of}")
+    if d.get("mode") is not None and d["mode"] not in Mode._value2member_map_:
+        raise ValueError(f"mode {str(d['mode'])[:40]!r} is not one of {', '.join(m.value for m in Mode)}")
     if "status" in d and not (isinstance(d["status"], str) and d["status"] in Status._value2member_map_):
         raise ValueError(f"status {str(d['status'])[:40]!r} is not one of {', '.join(s.value for s in Status)}")

@@ -95,7 +95,7 @@ def markdown(result: SearchResult, build: str) -> str:
         a = assess_finding(f)
         if a:
             lines += [f"- severity: {a.summary()}", f"- in training: {a.notice()}"]
-        if f.record.mode == "cpu-emulation":
+        if f.record.emulated:
             lines.append("- seen in cpu-emulation, not yet confirmed on CUDA")
         lines += [f"- minimal case: `{f.minimal.id}` ({_size(size_of(f.minimal))})",
                   f"- message: {f.record.message.splitlines()[0][:300] if f.record.message else ''}",

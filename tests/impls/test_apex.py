@@ -27,6 +27,7 @@ import torch
 from harness.buildinfo import apex_state
 from harness.impls import resolve
 from harness.impls.apex import ApexImpl, probe
+from harness.judge.mode import Mode
 
 CASE = "allgather-shape/even-4-4/float32-float32/contiguous/ws2"
 
@@ -220,7 +221,8 @@ def test_python_fallback_state_keeps_apexs_import_error(site):
     assert probe().kind == "fallback"
     assert "Python fallback" in apex_state() and "No module named 'syncbn'" in apex_state()
     impl = resolve("apex")
-    assert impl.mode == ("python-fallback" if hasattr(torch._C, "_nvtx") else "python-fallback (nvtx no-op)")
+    assert impl.mode is Mode.PYTHON_FALLBACK
+    assert impl.mode_notes == (() if hasattr(torch._C, "_nvtx") else ("nvtx no-op",))
     assert "cpu" in impl.capabilities.devices
 
 
@@ -290,8 +292,8 @@ def test_the_adapter_builds_converts_and_runs_an_apex_shaped_package(site):
     assert code == 0, err[-3000:]
     assert sorted(r["case"] for r in records) == sorted(STAND_IN_CASES)
     assert {r["status"] for r in records} == {"pass"}, [(r["case"], r["message"]) for r in records]
-    expected_mode = "python-fallback" if hasattr(torch._C, "_nvtx") else "python-fallback (nvtx no-op)"
-    assert {r["mode"] for r in records} == {expected_mode}
+    notes = [] if hasattr(torch._C, "_nvtx") else ["nvtx no-op"]
+    assert {(r["mode"], tuple(r["mode_notes"])) for r in records} == {("python-fallback", tuple(notes))}
     nested = next(r for r in records if r["case"] == "process-group/convert-nested/ws2")
     assert not [m for m in nested["metrics"] if m.split(".", 1)[1].startswith("convert")]  # converted faithfully
 

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from harness import catalog
-from harness.impls import cuda_contract
+from harness.impls import cuda_contract, cuda_plan
+from harness.judge import plain_layer
 from harness.impls.torch_native import TorchImpl
 
 FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -179,7 +180,7 @@ def test_batchnorms_refusals_are_what_cuda_does():
     wrong = []
     for x_dt, p_dt, affine, ndim in itertools.product(FLOATS, FLOATS, (True, False), (2, 4)):
         names = (str(x_dt).split(".")[1], str(p_dt).split(".")[1])
-        said = cuda_contract.batchnorm_refusal_on_cuda(*names, affine, True, ndim)
+        said = plain_layer.refusal_on_cuda(*names, affine, ndim)
         layer = torch.nn.BatchNorm1d(C, affine=affine) if ndim == 2 else torch.nn.BatchNorm2d(C, affine=affine)
         layer = layer.to("cuda", p_dt).train()
         x = torch.randn((4, C) + (3,) * (ndim - 2), device="cuda").to(x_dt)
@@ -286,7 +287,7 @@ def test_the_torch_adapter_declares_unsupported_what_cuda_refuses(device):
 def test_the_reason_is_derived_from_the_contract(monkeypatch):
     """Not a parallel rule: with a contract that accepts everything, nothing is unsupported."""
     case = _case("mixed-precision/uneven/float32-float64/ws2")
-    monkeypatch.setattr(cuda_contract, "verdict", lambda op, args: cuda_contract.Verdict(op, "any", None, (F32, F32)))
+    monkeypatch.setattr(cuda_plan, "verdict", lambda op, args: cuda_contract.Verdict(op, "any", None, (F32, F32)))
     assert TorchImpl().unsupported_reason(case, "cpu") is None
 
 
@@ -297,23 +298,23 @@ def test_syncbn_stricter_than_batchnorm_runs_and_fails():
 
     case = replace(_case("mixed-precision/uneven/float16-float32/ws2"), track_running_stats=False)
     assert TorchImpl().unsupported_reason(case, "cuda") is None
-    refusal = cuda_contract.syncbn_refusal(case)
+    refusal = cuda_plan.syncbn_refusal(case)
     assert refusal is not None and "Expected counts to have type Half but got Float" in str(refusal), refusal
-    assert cuda_contract.batchnorm_refusal_on_cuda("float16", "float32", True, False, 4) is None
+    assert plain_layer.refusal_on_cuda("float16", "float32", True, 4) is None
 
 
 def test_only_synchronized_training_calls_the_ops():
     from dataclasses import replace
 
     case = _case("mixed-precision/uneven/float32-float64/ws2")
-    assert cuda_contract.syncbn_refusal(replace(case, steps=("eval",))) is None
-    assert cuda_contract.syncbn_refusal(replace(case, groups=((0,), (1,)))) is None
+    assert cuda_plan.syncbn_refusal(replace(case, steps=("eval",))) is None
+    assert cuda_plan.syncbn_refusal(replace(case, groups=((0,), (1,)))) is None
 
 
 @pytest.mark.skipif(tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 1),
                     reason="the casts came with pytorch#98332 in torch 2.1")
 def test_the_installed_function_casts_counts_and_weight():
-    assert cuda_contract.function_casts() == (True, True), "torch >= 2.1's SyncBN Function casts both (#98332)"
+    assert cuda_plan.function_casts() == (True, True), "torch >= 2.1's SyncBN Function casts both (#98332)"
 
 
 def test_verdict_of_an_unknown_op_names_the_known_ones():
@@ -328,7 +329,7 @@ def test_plain_batch_norm_steps_are_unsupported_where_batchnorm_refuses():
 
     case = _case("mixed-precision/uneven/float32-float64/ws2")
     for alone in (replace(case, groups=((0,), (1,))), replace(case, steps=("eval",))):
-        assert cuda_contract.syncbn_refusal(alone) is None
+        assert cuda_plan.syncbn_refusal(alone) is None
         reason = TorchImpl().unsupported_reason(alone, "cuda")
         assert reason is not None and "call the plain batch norm" in reason, reason
     no_weights = replace(case, groups=((0,), (1,)), affine=False)  # nn.BatchNorm accepts: nothing to declare

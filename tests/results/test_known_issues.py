@@ -10,6 +10,7 @@ import pytest
 from harness.errors import UsageError
 from harness.results import known_issues
 from harness.judge.metric import Metric
+from harness.judge.mode import Mode
 from harness.results.records import RankOutcome, RankStatus, Record, Status
 from harness.results.symptoms import failures
 
@@ -128,11 +129,18 @@ def test_an_entry_for_one_mode_covers_only_records_of_that_mode(tmp_path):
     f = tmp_path / "k.toml"
     f.write_text(ENTRY.replace('status = "crash"', 'status = "crash"\nmode = "python-fallback"'))
     fallback = _record("torch", "mixed-precision/empty-rank/x/ws2", "crash")
-    fallback.mode = "python-fallback (nvtx no-op)"
+    fallback.mode, fallback.mode_notes = Mode.PYTHON_FALLBACK, ("nvtx no-op",)  # a note never matters
     optimized = _record("torch", "mixed-precision/empty-rank/x/ws2", "pass")
-    optimized.mode = "optimized"
+    optimized.mode = Mode.OPTIMIZED
     assert known_issues.annotate(fallback, str(f)).known
     assert known_issues.annotate(optimized, str(f)).known_issue is None
+
+
+def test_an_entry_naming_no_mode_of_the_harness_is_refused_naming_the_modes(tmp_path):
+    f = tmp_path / "k.toml"
+    f.write_text(ENTRY.replace('status = "crash"', 'status = "crash"\nmode = "python"'))
+    with pytest.raises(UsageError, match="mode = 'python': give one of 'native', 'cpu-emulation'"):
+        known_issues.load(str(f))
 
 
 def test_a_record_round_trips_with_its_match(entries):

@@ -27,6 +27,7 @@ from harness.results import reader as reader_mod
 from harness.results import store as store_mod
 from harness.buildinfo import build_info
 from harness.judge.metric import Metric
+from harness.judge.mode import Mode
 from harness.results.records import Overlay, RankOutcome, RankStatus, Record, Status
 from harness.results.store import Store, StoreError, build_key, read_file
 
@@ -183,6 +184,31 @@ def test_schema_1_overlay_records_read_and_key_as_before_with_the_overlay_a_fiel
     plain = make_record()
     [again] = read_file(_written(tmp_path / "plain.jsonl", schema_1(plain)))
     assert again.overlay is None and store_mod.record_key(again) == "2.13.0+cpu-cf30153c4c13-cpu-gloo"
+
+
+@pytest.mark.parametrize("said, mode, notes", [
+    ("cpu-emulation; DDP's CPU SyncBatchNorm check skipped", Mode.CPU_EMULATION,
+     ("DDP's CPU SyncBatchNorm check skipped",)),
+    ("python-fallback (nvtx no-op)", Mode.PYTHON_FALLBACK, ("nvtx no-op",)),
+    ("stats_mode='N' from detectron2", Mode.NATIVE, ("stats_mode='N'", "from detectron2")),
+    ("native", Mode.NATIVE, ()),
+    (None, None, ()),
+    ("a plugin's own words", None, ("a plugin's own words",)),  # no mode named: nothing is lost
+])
+def test_schema_2_modes_with_words_after_them_read_as_the_mode_and_its_notes(tmp_path, said, mode, notes):
+    d = make_record().to_dict()
+    d.pop("mode_notes")
+    d.update(mode=said, schema_version=2)
+    [record] = read_file(_written(tmp_path / "two.jsonl", d))
+    assert (record.mode, record.mode_notes, record.schema_version) == (mode, notes, SCHEMA_VERSION)
+    assert record.emulated is (mode is Mode.CPU_EMULATION)
+
+
+def test_a_mode_that_is_not_one_of_the_modes_is_refused_naming_it(tmp_path):
+    d = dict(make_record().to_dict(), mode="cpu-emulation; a note")
+    with pytest.raises(StoreError, match="not a syncbn-harness record") as info:
+        read_file(_written(tmp_path / "b.jsonl", d))
+    assert "mode 'cpu-emulation; a note' is not one of native, cpu-emulation" in str(info.value)
 
 
 def _written(path: Path, d: dict) -> Path:
