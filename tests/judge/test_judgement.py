@@ -108,7 +108,7 @@ def test_correct_implementations_raise_no_alarm_on_the_default_selection():
     assert_quiet(records, 2 * len(cases) + len(rest))
 
 
-@pytest.mark.sweep(240)
+@pytest.mark.sweep(135)
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", ["float32_syncbn:Float32SyncBN", "reference"])
 def test_the_float32_implementation_and_the_reference_are_quiet_on_the_full_product(impl):
