@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 
 from harness.judge.metric import Metric
@@ -135,3 +138,43 @@ def test_checks_across_ranks_are_not_asked_of_a_case_whose_ranks_did_not_all_ans
 
     ranks = [_rank(0, RankStatus.CRASH), _rank(1, RankStatus.PEER_FAILED)]
     assert case_verdict(status, ranks, "m", finished=[], across=across).status is status
+
+
+# ---------------------------------------------------------------- nothing else sets a case's status
+
+SETS_STATUS = {"harness/judge/verdict.py",  # the rules for a case that ran
+               "harness/judge/status.py",  # the words and their groupings
+               "harness/engine/admission.py"}  # the refusals before a case runs
+
+
+def _status_values(node) -> list:
+    """The ``Status.X`` a node gives as a value (directly, either branch of an ``if``, or in a tuple)."""
+    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "Status":
+        return [node]
+    if isinstance(node, ast.IfExp):
+        return _status_values(node.body) + _status_values(node.orelse)
+    if isinstance(node, ast.Tuple):
+        return [v for e in node.elts for v in _status_values(e)]
+    return []
+
+
+def test_no_module_but_the_verdict_and_the_refusals_gives_a_case_a_status():
+    """A ``Status.X`` assigned, returned, or passed as ``status=`` or as a call's argument anywhere else in the
+    package would be an eighth place that decides why a case is red. Comparisons and tables are fine."""
+    root = Path(__file__).resolve().parents[2]
+    found = []
+    for path in sorted((root / "harness").rglob("*.py")):
+        name = str(path.relative_to(root))
+        if name in SETS_STATUS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.Return)):
+                given = _status_values(node.value) if node.value is not None else []
+            elif isinstance(node, ast.keyword) and node.arg == "status":
+                given = _status_values(node.value)
+            elif isinstance(node, ast.Call):
+                given = [v for a in node.args for v in _status_values(a)]
+            else:
+                continue
+            found += [f"{name}:{v.lineno}: Status.{v.attr}" for v in given]
+    assert not found, "\n".join(found)
