@@ -56,6 +56,7 @@ from typing import Optional
 
 import torch
 
+from harness.catalog import dtypes
 from harness.catalog.case import Case
 from harness.catalog.data import DTYPES, MEMORY_FORMATS
 from harness.judge.elementwise import compare_tensor
@@ -64,12 +65,7 @@ from harness.judge.metric_key import step_key, sum_key
 from harness.slices import batch_slices
 
 K = 8.0
-UNIT_ROUNDOFF = {
-    torch.float16: 2.0**-11,
-    torch.bfloat16: 2.0**-8,
-    torch.float32: 2.0**-24,
-    torch.float64: 2.0**-53,
-}
+UNIT_ROUNDOFF = {DTYPES[name]: u for name, u in dtypes.UNIT_ROUNDOFF.items()}  # by torch dtype
 
 
 def gamma(n: int) -> float:
