@@ -12,7 +12,7 @@ from typing import Iterable
 
 from harness.results import compile_stats, fingerprint
 from harness.results.records import FAILURES, WORST_FIRST, RankStatus, Record
-from harness.results.severity import KINDS, assess
+from harness.results.severity import Severity, assess
 from harness.results.store import record_key
 
 FAILING = tuple(s.value for s in WORST_FIRST if s in FAILURES)  # the failing statuses, worst first
@@ -49,7 +49,7 @@ def records_frame(records: Iterable[Record]):
                "desync": (r.desync or {}).get("message", ""),
                "diagnosis": (r.diagnosis or {}).get("summary") or "",
                "world_size": r.world_size, "duration_s": r.duration_s, "started_at": r.started_at, "host": r.host,
-               "severity": a.summary() if a else "", "severity_rank": a.rank if a else len(KINDS),
+               "severity": a.summary() if a else "", "severity_rank": a.rank if a else len(Severity),
                "in_training": a.notice() if a else "", **compile_stats.columns(r)}
         for k, v in sorted(r.params.items()):
             row[f"param.{k}"] = json.dumps(v) if isinstance(v, (list, dict)) else v
