@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from harness.engine.messages import RankResult
+from harness.judge.call import read_calls
 from harness.results.records import RankOutcome, RankStatus, Status
 
 # Frames of these files in a stack or traceback mean "inside a collective".
@@ -126,11 +127,12 @@ def deadlock(calls: dict[int, Optional[list]]) -> Optional[dict[int, str]]:
     recorded; the rank blocked in it has recorded fewer.)
     """
     last = {}
-    for r, cs in calls.items():
-        if not cs or cs[-1].get("group") is None:
+    for r, stored in calls.items():
+        cs = read_calls(stored)
+        if not cs:
             return None
-        group = cs[-1]["group"]
-        last[r] = (cs[-1].get("op"), tuple(group), sum(c.get("group") == group for c in cs))
+        group = cs[-1].group
+        last[r] = (cs[-1].op, group, sum(c.group == group for c in cs))
     for op, group, count in last.values():
         if all(m in last and last[m] == (op, group, count) for m in group):
             return None  # its group is in this one collective together: it may be slow, not stuck

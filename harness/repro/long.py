@@ -44,8 +44,10 @@ from harness.errors import UsageError
 PARTS = (
     ("harness.judge.metric", None),
     ("harness.judge.metric_key", None),
+    ("harness.judge.call", None),
     ("harness.results.records", ("RankStatus",)),
     ("harness.slices", None),
+    ("harness.catalog.dtypes", None),
     ("harness.catalog.case", None),
     ("harness.catalog.data", None),
     ("harness.judge.oracle", None),

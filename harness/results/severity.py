@@ -42,7 +42,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional
 
-from harness.catalog import dtypes
+from harness.catalog.dtypes import HALF_DTYPES, ROUNDOFF_OF
 from harness.judge.metric import Problem
 from harness.judge.metric_key import MetricKey
 from harness.results.records import Record, Status
@@ -156,7 +156,7 @@ def assess(record: Record) -> Optional[Assessment]:
 
 def _unit(quantity: str, params: dict) -> float:
     dtype = params.get("dtype") if quantity in _PER_INPUT else params.get("param_dtype")
-    return dtypes.UNIT_ROUNDOFF.get(dtype or "float32", dtypes.UNIT_ROUNDOFF["float32"])
+    return ROUNDOFF_OF.get(dtype or "float32", ROUNDOFF_OF["float32"])
 
 
 def reach(params: dict) -> tuple[tuple[str, ...], bool, tuple[str, ...]]:
@@ -165,9 +165,9 @@ def reach(params: dict) -> tuple[tuple[str, ...], bool, tuple[str, ...]]:
     sizes = list(params.get("batch_sizes") or [])
     steps = list(params.get("steps") or [])
     tags, rare = [], []
-    if dtype in dtypes.HALF and pdtype == "float32":
+    if dtype in HALF_DTYPES and pdtype == "float32":
         tags.append(f"{dtype} input with float32 parameters (autocast)")
-    elif dtype in dtypes.HALF and pdtype == dtype:
+    elif dtype in HALF_DTYPES and pdtype == dtype:
         tags.append(f"a fully {dtype} model")
     elif dtype != pdtype:
         rare.append(f"{dtype} input with {pdtype} parameters")
@@ -194,5 +194,5 @@ def reach(params: dict) -> tuple[tuple[str, ...], bool, tuple[str, ...]]:
     count = sum(n * math.prod(sp) for n, sp in zip(sizes, spatial)) if spatial else 0
     if count > HALF_MAX:
         tags.append(f"{count:,} values per channel")
-    common = not rare and dtype in ("float32", *dtypes.HALF)
+    common = not rare and dtype in ("float32", *HALF_DTYPES)
     return tuple(tags), common, tuple(rare)
