@@ -46,8 +46,8 @@ def records_frame(records: Iterable[Record]):
                "known_link": r.known_issue.link if r.known_issue else "",
                "worst_ratio": r.worst_ratio, "message": r.message, "ranks": attribution(r),
                "collectives": "\n".join(fingerprint.per_rank(r)) if r.status.value in FAILING else "",
-               "desync": (r.desync or {}).get("message", ""),
-               "diagnosis": (r.diagnosis or {}).get("summary") or "",
+               "desync": r.desync_message,
+               "diagnosis": r.diagnosis_summary,
                "world_size": r.world_size, "duration_s": r.duration_s, "started_at": r.started_at, "host": r.host,
                "severity": a.summary() if a else "", "severity_rank": a.rank if a else len(Severity),
                "in_training": a.notice() if a else "", **compile_stats.columns(r)}
