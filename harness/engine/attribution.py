@@ -85,17 +85,16 @@ def waits_for_good(calls: Optional[list], done: dict[int, tuple[list, bool]]) ->
     may have died inside this very collective, or after it): only the silent rank's stack can tell. False:
     nothing says it is stuck (it issued nothing, or the done members issued this collective and lived).
     """
-    if not calls:
+    mine_calls = read_calls(calls)
+    if not mine_calls:
         return False
-    group = calls[-1].get("group")
-    if group is None:
-        return False
-    mine = sum(c.get("group") == group for c in calls)
+    group = mine_calls[-1].group
+    mine = sum(c.group == group for c in mine_calls)
     ambiguous = False
     for rank, (theirs, died) in done.items():
         if rank not in group:
             continue
-        issued = sum(c.get("group") == group for c in theirs or ())
+        issued = sum(c.group == group for c in read_calls(theirs) or ())
         if issued < mine:
             return True
         ambiguous = ambiguous or (died and issued == mine)
