@@ -18,7 +18,7 @@ checkpointing.
 """
 
 from harness.catalog.case import Case
-from harness.catalog.covering import pairwise
+from harness.catalog import covering
 
 FAMILY = "activation-checkpoint"
 
@@ -37,8 +37,4 @@ def _case(use: str, net: str, wrap: tuple, dtype: str, default: bool) -> Case:
 
 
 def cases() -> list[Case]:
-    factors = [range(len(USES)), range(len(NETWORKS)), range(len(WRAPS)), range(len(DTYPES))]
-    covering = set(pairwise(factors))
-    return [_case(USES[u], NETWORKS[n], WRAPS[w], DTYPES[d], (u, n, w, d) in covering)
-            for u in range(len(USES)) for n in range(len(NETWORKS)) for w in range(len(WRAPS))
-            for d in range(len(DTYPES))]
+    return [_case(*values, default) for values, default in covering.product(USES, NETWORKS, WRAPS, DTYPES)]

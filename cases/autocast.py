@@ -19,7 +19,7 @@ default selection is pairwise.
 """
 
 from harness.catalog.case import Case
-from harness.catalog.covering import pairwise
+from harness.catalog import covering
 
 FAMILY = "autocast"
 
@@ -38,8 +38,4 @@ def _case(net: str, wrap: tuple, steps: tuple, layout: tuple, default: bool) -> 
 
 
 def cases() -> list[Case]:
-    factors = [range(len(NETWORKS)), range(len(WRAPS)), range(len(STEPS)), range(len(LAYOUTS))]
-    covering = set(pairwise(factors))
-    return [_case(NETWORKS[n], WRAPS[w], STEPS[s], LAYOUTS[lay], (n, w, s, lay) in covering)
-            for n in range(len(NETWORKS)) for w in range(len(WRAPS)) for s in range(len(STEPS))
-            for lay in range(len(LAYOUTS))]
+    return [_case(*values, default) for values, default in covering.product(NETWORKS, WRAPS, STEPS, LAYOUTS)]

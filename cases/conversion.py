@@ -25,7 +25,7 @@ default selection is a pairwise covering subset.
 from harness.catalog.case import CHECKPOINT_MODES as CHECKPOINTS
 from harness.catalog.case import CONVERSION_MODELS as MODELS
 from harness.catalog.case import Case
-from harness.catalog.covering import pairwise
+from harness.catalog import covering
 
 FAMILY = "conversion"
 
@@ -52,10 +52,7 @@ def _round_trip(mode: str, model: str, dtype: str, default: bool) -> Case:
 
 
 def cases() -> list[Case]:
-    factors = [range(len(MODELS)), range(len(LAYOUTS)), range(len(DTYPES))]
-    covering = set(pairwise(factors))
-    out = [_case(MODELS[m], LAYOUTS[lay], DTYPES[d], (m, lay, d) in covering)
-           for m in range(len(MODELS)) for lay in range(len(LAYOUTS)) for d in range(len(DTYPES))]
+    out = [_case(*values, default) for values, default in covering.product(MODELS, LAYOUTS, DTYPES)]
     # Checkpoint round trips: every mode by default on a model torch's converter handles (config) and on one
     # that needs a faithful converter (nested); float64 in --exhaustive.
     for mode in CHECKPOINTS:

@@ -22,7 +22,7 @@ flags' product; ``--exhaustive`` runs all of it.
 """
 
 from harness.catalog.case import Case
-from harness.catalog.covering import pairwise
+from harness.catalog import covering
 
 FAMILY = "ddp"
 
@@ -46,11 +46,7 @@ def _case(net, buffers, reducer, extra, default, dtype="float32", batches=(3, 5)
 
 
 def cases() -> list[Case]:
-    factors = [range(len(NETWORKS)), range(len(BUFFERS)), range(len(REDUCER)), range(len(EXTRAS))]
-    covering = set(pairwise(factors))
-    out = [_case(NETWORKS[n], BUFFERS[b], REDUCER[r], EXTRAS[e], (n, b, r, e) in covering)
-           for n in range(len(NETWORKS)) for b in range(len(BUFFERS)) for r in range(len(REDUCER))
-           for e in range(len(EXTRAS))]
+    out = [_case(*values, default) for values, default in covering.product(NETWORKS, BUFFERS, REDUCER, EXTRAS)]
     # float64 end to end, three ranks: the same arithmetic with nothing left to rounding.
     out.append(_case(NETWORKS[0], BUFFERS[0], REDUCER[0], EXTRAS[0], True, dtype="float64", batches=(2, 4, 3)))
     return out

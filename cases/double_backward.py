@@ -18,7 +18,7 @@ none, two dtypes and two batch layouts; the default selection is pairwise.
 """
 
 from harness.catalog.case import Case
-from harness.catalog.covering import pairwise
+from harness.catalog import covering
 
 FAMILY = "double-backward"
 
@@ -38,8 +38,4 @@ def _case(net: str, wrap: tuple, dtype: str, layout: tuple, default: bool) -> Ca
 
 
 def cases() -> list[Case]:
-    factors = [range(len(NETWORKS)), range(len(WRAPS)), range(len(DTYPES)), range(len(LAYOUTS))]
-    covering = set(pairwise(factors))
-    return [_case(NETWORKS[n], WRAPS[w], DTYPES[d], LAYOUTS[lay], (n, w, d, lay) in covering)
-            for n in range(len(NETWORKS)) for w in range(len(WRAPS)) for d in range(len(DTYPES))
-            for lay in range(len(LAYOUTS))]
+    return [_case(*values, default) for values, default in covering.product(NETWORKS, WRAPS, DTYPES, LAYOUTS)]

@@ -25,7 +25,7 @@ selection is a pairwise covering subset, ``--exhaustive`` the full product.
 """
 
 from harness.catalog.case import Case
-from harness.catalog.covering import pairwise
+from harness.catalog import covering
 
 FAMILY = "training-loop"
 
@@ -60,7 +60,5 @@ def _case(variant: str, spec: dict, dtypes: tuple, layout: tuple, default: bool)
 
 
 def cases() -> list[Case]:
-    factors = [range(len(VARIANTS)), range(len(DTYPES)), range(len(LAYOUTS))]
-    covering = set(pairwise(factors))
-    return [_case(*VARIANTS[v], DTYPES[d], LAYOUTS[lay], (v, d, lay) in covering)
-            for v in range(len(VARIANTS)) for d in range(len(DTYPES)) for lay in range(len(LAYOUTS))]
+    return [_case(*variant, dtypes, layout, default)
+            for (variant, dtypes, layout), default in covering.product(VARIANTS, DTYPES, LAYOUTS)]

@@ -13,7 +13,7 @@ float64 network, and training after validation must go on as before.
 """
 
 from harness.catalog.case import Case
-from harness.catalog.covering import pairwise
+from harness.catalog import covering
 
 FAMILY = "validation"
 
@@ -32,8 +32,4 @@ def _case(who: str, net: str, wrap: tuple, layout: tuple, default: bool) -> Case
 
 
 def cases() -> list[Case]:
-    factors = [range(len(WHO)), range(len(NETWORKS)), range(len(WRAPS)), range(len(LAYOUTS))]
-    covering = set(pairwise(factors))
-    return [_case(WHO[w], NETWORKS[n], WRAPS[d], LAYOUTS[lay], (w, n, d, lay) in covering)
-            for w in range(len(WHO)) for n in range(len(NETWORKS)) for d in range(len(WRAPS))
-            for lay in range(len(LAYOUTS))]
+    return [_case(*values, default) for values, default in covering.product(WHO, NETWORKS, WRAPS, LAYOUTS)]

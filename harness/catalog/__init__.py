@@ -1,6 +1,7 @@
 """The catalog: every case of every family, and selection over it.
 
 - :mod:`harness.catalog.case`: what a case is (plain data, no torch);
+- :mod:`harness.catalog.dtypes`: the dtypes a case may name and their unit roundoffs (no torch);
 - :mod:`harness.catalog.data`: the tensors a case stands for (:func:`~harness.catalog.data.materialize`);
 - :mod:`harness.catalog.covering`: the pairwise covering arrays of the default selection;
 - :mod:`harness.catalog.found`: the promoted search cases (what ``search --save`` and ``promote`` write);

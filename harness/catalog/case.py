@@ -30,9 +30,12 @@ import zlib
 from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
+from harness.catalog.dtypes import DTYPE_NAMES
+
 # Step kind -> what the normalization does in it: "train" (batch statistics, synchronized) or "eval".
 STEP_KINDS = {"train": "train", "fwd": "train", "nograd": "train", "eval": "eval", "eval-rank0": "eval",
               "eval-subset": "eval"}
+TRAINING_KINDS = tuple(k for k, mode in STEP_KINDS.items() if mode == "train")  # the step kinds that train
 INPUT_LAYOUTS = ("dense", "permuted", "sliced")
 CASE_BACKENDS = (None, "nccl-contract")  # None: the run's backend
 # The conversion family's user models (harness.scenarios.user_models) and checkpoint round trips
@@ -51,7 +54,6 @@ USES = ("checkpoint-layer", "checkpoint-layer-reentrant", "checkpoint-block", "c
 COMPILE_BACKENDS = ("eager", "aot_eager", "inductor")
 COMPILE_OPTIONS = ("fullgraph", "dynamic")
 
-DTYPE_NAMES = ("float16", "bfloat16", "float32", "float64")
 # The dtypes a case's standard normals may be drawn in. torch draws float64 normals on CPU one value at a time
 # and float32 ones vectorized, about five times faster: search, whose cases are new, draws in float32; the
 # catalog's cases keep float64, since changing a case's draws would change its data under its stored records.

@@ -6,13 +6,15 @@ float16 with an empty rank, or channels_last with world size 3) is met by some
 row, at a fraction of the full product's size. The construction is the
 greedy one of AETG/IPOG style, made deterministic: rows are picked from the
 full product in order, each the one covering the most uncovered pairs (ties
-to the earliest), so the same factors always give the same rows.
+to the earliest), so the same factors always give the same rows. A family
+writes its cases as :func:`product` of its factors: every row of the full
+product, each marked whether it is in the default selection.
 """
 
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from typing import Iterator, Sequence
 
 
 def pairwise(factors: Sequence[Sequence]) -> list[tuple]:
@@ -32,6 +34,19 @@ def pairwise(factors: Sequence[Sequence]) -> list[tuple]:
         chosen.append(best)
         uncovered -= pairs(best)
     return sorted(chosen, key=product.index)
+
+
+def product(*factors: Sequence) -> Iterator[tuple[tuple, bool]]:
+    """``(values, in_default)`` for every row of the full product of ``factors``, in ``itertools.product``'s
+    order: the row's values, and whether it is one of the :func:`pairwise` rows (the default selection).
+
+    The covering is computed over the values' positions, so values need not be hashable or distinct (a
+    factor may hold dicts, or two settings that compare equal).
+    """
+    positions = [range(len(f)) for f in factors]
+    covering = set(pairwise(positions))
+    for row in itertools.product(*positions):
+        yield tuple(f[i] for f, i in zip(factors, row)), row in covering
 
 
 def covering_levels(rows: Sequence[tuple]) -> list[tuple]:

@@ -16,7 +16,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from harness.catalog.case import DTYPE_NAMES, MEMORY_FORMAT_NAMES, NORMAL_DTYPE_NAMES, Case
+from harness.catalog.case import MEMORY_FORMAT_NAMES, NORMAL_DTYPE_NAMES, Case
+from harness.catalog.dtypes import DTYPE_NAMES
 from harness.slices import batch_slices
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}

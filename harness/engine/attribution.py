@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from harness.engine.messages import RankResult
+from harness.judge.call import read_calls
 from harness.judge.status import RankOutcome, RankStatus, Status
 from harness.judge.verdict import from_ranks
 
@@ -84,17 +85,16 @@ def waits_for_good(calls: Optional[list], done: dict[int, tuple[list, bool]]) ->
     may have died inside this very collective, or after it): only the silent rank's stack can tell. False:
     nothing says it is stuck (it issued nothing, or the done members issued this collective and lived).
     """
-    if not calls:
+    mine_calls = read_calls(calls)
+    if not mine_calls:
         return False
-    group = calls[-1].get("group")
-    if group is None:
-        return False
-    mine = sum(c.get("group") == group for c in calls)
+    group = mine_calls[-1].group
+    mine = sum(c.group == group for c in mine_calls)
     ambiguous = False
     for rank, (theirs, died) in done.items():
         if rank not in group:
             continue
-        issued = sum(c.get("group") == group for c in theirs or ())
+        issued = sum(c.group == group for c in read_calls(theirs) or ())
         if issued < mine:
             return True
         ambiguous = ambiguous or (died and issued == mine)
@@ -126,11 +126,12 @@ def deadlock(calls: dict[int, Optional[list]]) -> Optional[dict[int, str]]:
     recorded; the rank blocked in it has recorded fewer.)
     """
     last = {}
-    for r, cs in calls.items():
-        if not cs or cs[-1].get("group") is None:
+    for r, stored in calls.items():
+        cs = read_calls(stored)
+        if not cs:
             return None
-        group = cs[-1]["group"]
-        last[r] = (cs[-1].get("op"), tuple(group), sum(c.get("group") == group for c in cs))
+        group = cs[-1].group
+        last[r] = (cs[-1].op, group, sum(c.group == group for c in cs))
     for op, group, count in last.values():
         if all(m in last and last[m] == (op, group, count) for m in group):
             return None  # its group is in this one collective together: it may be slow, not stuck

@@ -3,9 +3,11 @@
 In a rank process, :func:`install_recorder` wraps torch.distributed's collective
 functions (in ``torch.distributed`` and ``torch.distributed.distributed_c10d``,
 where implementations and torch's own modules look them up at call time) so
-that each call is written down, as plain data, before it is issued:
+that each call is written down, as a :class:`~harness.judge.call.Call`, before
+it is issued; what leaves this module (:func:`recorded`, the sink) is its
+stored form, plain data (:meth:`~harness.judge.call.Call.to_dict`):
 
-    {"op": "all_gather", "group": [0, 1], "dtype": "float32", "shape": [9], "numel": 9, "step": 0}
+    {"op": "all_gather", "group": [0, 1], "step": 0, "dtype": "float32", "shape": [9], "numel": 9}
 
 The wrapper changes nothing else: same arguments, same result. A scenario
 marks the step it is in (:func:`mark_step`); the calls of a task are
@@ -36,6 +38,8 @@ import json
 import os
 from typing import Optional
 
+from harness.judge.call import Call
+
 # name -> (index of the tensor argument to describe, or None)
 OPS = {
     "all_gather": 1, "all_gather_into_tensor": 1, "_all_gather_base": 1, "all_gather_single": 1, "all_reduce": 0,
@@ -52,7 +56,7 @@ class CollectiveForbidden(RuntimeError):
     """A collective was issued in a step where no rank may communicate."""
 
 
-_calls: list[dict] = []
+_calls: list[Call] = []
 _step: Optional[int] = None
 _forbidden: Optional[str] = None
 _installed = False
@@ -118,11 +122,12 @@ def _wrap(name: str, arg: Optional[int], original):
         global _sink_written
         entry = describe_call(name, arg, args, kwargs)
         if _forbidden is not None:
-            raise CollectiveForbidden(f"{name} issued during {_forbidden} ({_short(entry)}): no rank may talk to "
-                                      "another there, so its peers would wait forever")
+            raise CollectiveForbidden(f"{name} issued during {_forbidden} ({entry.describe()} over ranks "
+                                      f"{list(entry.group)}): no rank may talk to another there, so its peers "
+                                      "would wait forever")
         _calls.append(entry)
         if _sink is not None:
-            os.write(_sink, (json.dumps(entry) + "\n").encode())
+            os.write(_sink, (json.dumps(entry.to_dict()) + "\n").encode())
             _sink_written = True
         return original(*args, **kwargs)
 
@@ -130,20 +135,19 @@ def _wrap(name: str, arg: Optional[int], original):
     return call
 
 
-def describe_call(name: str, arg: Optional[int], args: tuple, kwargs: dict) -> dict:
-    """One call as plain data: op, group ranks, dtype, shape and element count of its tensor, step."""
+def describe_call(name: str, arg: Optional[int], args: tuple, kwargs: dict) -> Call:
+    """One call: op, group ranks, dtype, shape and element count of its tensor, step."""
     import torch
 
-    entry: dict = {"op": name, "group": _group_ranks(kwargs.get("group", _positional_group(name, args))),
-                   "step": _step}
+    group = tuple(_group_ranks(kwargs.get("group", _positional_group(name, args))))
     t = None
     if arg is not None:
         t = args[arg] if len(args) > arg else next((kwargs[k] for k in KEYWORDS if k in kwargs), None)
     if isinstance(t, (list, tuple)) and t and isinstance(t[0], torch.Tensor):
         t = t[0]
     if isinstance(t, torch.Tensor):
-        entry.update(dtype=str(t.dtype).replace("torch.", ""), shape=list(t.shape), numel=t.numel())
-    return entry
+        return Call(name, group, str(t.dtype).replace("torch.", ""), tuple(t.shape), t.numel(), _step)
+    return Call(name, group, step=_step)
 
 
 def _positional_group(name: str, args: tuple):
@@ -165,11 +169,6 @@ def _group_ranks(group) -> list[int]:
         return []
 
 
-def _short(entry: dict) -> str:
-    what = f"{entry.get('dtype', '')}{entry.get('shape', '')}" if "dtype" in entry else ""
-    return f"{entry['op']} {what} over ranks {entry['group']}".replace("  ", " ")
-
-
 def begin_task() -> None:
     """Forget earlier calls (and empty the sink): a new task starts."""
     global _step, _forbidden, _sink_written
@@ -187,8 +186,8 @@ def mark_step(index: Optional[int]) -> None:
 
 
 def recorded() -> list[dict]:
-    """The calls recorded since :func:`begin_task`, in order."""
-    return list(_calls)
+    """The calls recorded since :func:`begin_task`, in order, in their stored form."""
+    return [c.to_dict() for c in _calls]
 
 
 def read_sink(path) -> Optional[list[dict]]:

@@ -30,19 +30,21 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
+from harness.judge.call import read_calls
 from harness.results.records import RankStatus
 
 REUSABLE_STATUSES = frozenset({RankStatus.PASS, RankStatus.MISMATCH, RankStatus.ERROR})
 
 
 def fingerprints(collectives: Optional[list]) -> Optional[dict[tuple, list[tuple]]]:
-    """One rank's collectives per group (its member ranks): (op, dtype, numel) in order; None if unknown."""
-    if collectives is None:
+    """One rank's collectives (stored form) per group (its member ranks): each call's signature (op, dtype,
+    numel) in order; None if unknown."""
+    calls = read_calls(collectives)
+    if calls is None:
         return None
     out: dict[tuple, list[tuple]] = {}
-    for call in collectives:
-        group = tuple(call.get("group") or ())
-        out.setdefault(group, []).append((call.get("op"), call.get("dtype"), call.get("numel")))
+    for call in calls:
+        out.setdefault(call.group, []).append(call.signature())
     return out
 
 

@@ -7,6 +7,7 @@
 - :mod:`~harness.judge.metric_key`: the name of a judged quantity (step, phase, tensor, rank), built and read here;
 - :mod:`~harness.judge.elementwise`: one tensor against its truth, elementwise, under a final tolerance;
 - :mod:`~harness.judge.invariants`: what must be bitwise the same on every rank of a group;
+- :mod:`~harness.judge.call`: one recorded collective call (what "the same call" on two ranks is);
 - :mod:`~harness.judge.desync`: the collectives the ranks issued, checked against each other;
 - :mod:`~harness.judge.status`: the verdict's words (a case's status, a rank's status and outcome);
 - :mod:`~harness.judge.mode`: how an implementation ran (native, cpu-emulation, ...), its notes apart;

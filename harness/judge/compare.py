@@ -58,18 +58,14 @@ import torch
 
 from harness.catalog.case import Case
 from harness.catalog.data import DTYPES, MEMORY_FORMATS
+from harness.catalog.dtypes import ROUNDOFF_OF
 from harness.judge.elementwise import compare_tensor
 from harness.judge.metric import Metric
 from harness.judge.metric_key import step_key, sum_key
 from harness.slices import batch_slices
 
 K = 8.0
-UNIT_ROUNDOFF = {
-    torch.float16: 2.0**-11,
-    torch.bfloat16: 2.0**-8,
-    torch.float32: 2.0**-24,
-    torch.float64: 2.0**-53,
-}
+UNIT_ROUNDOFF = {DTYPES[name]: u for name, u in ROUNDOFF_OF.items()}  # by torch dtype
 
 
 def gamma(n: int) -> float:

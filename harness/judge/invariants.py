@@ -19,11 +19,11 @@ from typing import Optional, Sequence
 
 import torch
 
+from harness.catalog.data import DTYPES
 from harness.judge.metric import Metric
 
 _INT_OF = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
-           torch.float64: torch.int64}
-_DTYPE_OF = {str(d).replace("torch.", ""): d for d in _INT_OF}
+           torch.float64: torch.int64}  # the integer type of each float dtype's width, to send its bits exactly
 
 
 def bits(t: Optional[torch.Tensor]):
@@ -53,7 +53,7 @@ def ulps(a: dict, b: dict) -> tuple[int, int]:
     if "values" in a or "values" in b:
         diff = [abs(x - y) for x, y in zip(a.get("values", []), b.get("values", []))]
         return sum(d != 0 for d in diff), int(max(diff, default=0))
-    width = torch.finfo(_DTYPE_OF[a["dtype"]]).bits
+    width = torch.finfo(DTYPES[a["dtype"]]).bits
     x, y = _ordered(a["bits"], width), _ordered(b["bits"], width)
     if len(x) != len(y):
         return -1, -1

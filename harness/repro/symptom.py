@@ -75,19 +75,19 @@ def symptom_of(record: Record) -> Symptom:
     """The first failure of a failing ``record`` (see the module docstring); raises :class:`NoSymptom`."""
     first = record.message.splitlines()[0] if record.message else ""
     if record.status == Status.ERROR:
-        rank = next((r for r in record.ranks if r.status == RankStatus.ERROR), None)
+        rank = record.first_rank(RankStatus.ERROR)
         return Symptom("error", exception_type=(rank.exception_type if rank else None) or "Exception",
                        message=(rank.message if rank and rank.message else first))
     if record.status == Status.CRASH:
-        rank = next((r for r in record.ranks if r.status == RankStatus.CRASH), None)
+        rank = record.first_rank(RankStatus.CRASH)
         sig = (rank.signal or f"exit {rank.exit_code}") if rank else "crash"
         return Symptom("crash", signal=sig, message=first)
     if record.status == Status.HANG:
         return Symptom("hang", message=first)
     if record.status != Status.MISMATCH:
         raise NoSymptom(f"a {record.status.value} record shows no failure to reproduce")
-    failing = [name for name, m in record.metrics.items() if not m.ok]
-    for name in sorted(failing, key=lambda n: (MetricKey.parse(n).order, failing.index(n))):
+    failing = record.failing_metrics()
+    for name in failing:
         sym = _tensor_symptom(name, record.metrics[name].kind, first)
         if sym is not None:
             return sym

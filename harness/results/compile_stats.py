@@ -27,10 +27,6 @@ from typing import Optional
 from harness.results.records import Record
 
 
-def _ranks(record: Record) -> dict[str, dict]:
-    return (record.compile or {}).get("ranks") or {}
-
-
 def options(record: Record) -> str:
     """``aot_eager fullgraph dynamic`` (the backend and the options that are on)."""
     c = record.compile or {}
@@ -70,7 +66,7 @@ def rank_line(rank: str, stats: dict) -> str:
 def summary(record: Record) -> list[str]:
     """Per rank, what dynamo did (with the reasons of the breaks and eager frames, each once)."""
     out = []
-    for rank, stats in sorted(_ranks(record).items(), key=lambda kv: int(kv[0])):
+    for rank, stats in sorted(record.compile_ranks().items(), key=lambda kv: int(kv[0])):
         out.append(rank_line(rank, stats))
         out += [f"  break x{b.get('count', 1)}: {b['reason']}" + (f" at {b['where']}" if b.get("where") else "")
                 for b in stats.get("graph_breaks", [])]
@@ -90,7 +86,7 @@ def portable(reason: str) -> str:
 def signature(record: Record) -> Optional[dict]:
     """Per rank: (graphs, break reasons, eager-frame reasons); None for a record without compile metrics.
     Reasons are :func:`portable`, so two builds installed in different places compare equal."""
-    ranks = _ranks(record)
+    ranks = record.compile_ranks()
     if not ranks:
         return None
     return {rank: (s.get("graphs", 0), frozenset(portable(b["reason"]) for b in s.get("graph_breaks", [])),
@@ -121,7 +117,7 @@ def columns(record: Record) -> dict:
     if not record.compile:
         return {k: "" for k in ("compile", "graphs", "breaks", "eager_frames", "recompiles", "vs_eager",
                                 "compile_details")}
-    ranks = _ranks(record)
+    ranks = record.compile_ranks()
     stats = ranks.get("0") or next(iter(ranks.values()), {})
     breaks, eager, recompiles = counts(stats)
     return {"compile": options(record), "graphs": stats.get("graphs", 0), "breaks": breaks, "eager_frames": eager,

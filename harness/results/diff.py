@@ -29,6 +29,7 @@ or error growth. Pairs missing from one side are listed, never regressions.
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 from typing import Iterable, Optional
@@ -36,16 +37,26 @@ from typing import Iterable, Optional
 from harness.results import compile_stats, fingerprint
 from harness.results.records import FAILURES, Record, Status
 
-NEW_FAILURE = "new failure"
-FIXED = "fixed"
-STATUS_CHANGE = "status change"
-COLLECTIVES = "collectives changed"
-COMPILATION = "compilation changed"
-GROWTH = "error growth"
-ONLY_BEFORE = "only in A"
-ONLY_AFTER = "only in B"
-SAME = "same"
-KIND_ORDER = (NEW_FAILURE, GROWTH, STATUS_CHANGE, COMPILATION, COLLECTIVES, FIXED, ONLY_BEFORE, ONLY_AFTER, SAME)
+
+
+class ChangeKind(enum.Enum):
+    """How one (impl, case) changed, in the order reports list them (the value is how they name it)."""
+
+    NEW_FAILURE = "new failure"
+    GROWTH = "error growth"
+    STATUS_CHANGE = "status change"
+    COMPILATION = "compilation changed"
+    COLLECTIVES = "collectives changed"
+    FIXED = "fixed"
+    ONLY_BEFORE = "only in A"
+    ONLY_AFTER = "only in B"
+    SAME = "same"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+MISSING_ON_A_SIDE = (ChangeKind.ONLY_BEFORE, ChangeKind.ONLY_AFTER)
 
 
 @dataclass(frozen=True)
@@ -72,7 +83,7 @@ class Change:
 
     impl: str
     case: str
-    kind: str
+    kind: ChangeKind
     before: Optional[Record]
     after: Optional[Record]
     ratio_before: Optional[float] = None
@@ -83,7 +94,8 @@ class Change:
         """A pass that became anything else, or error growth (what ``gate`` fails on)."""
         if self.before is None or self.after is None:
             return False
-        return (self.before.status == Status.PASS and self.after.status != Status.PASS) or self.kind == GROWTH
+        return ((self.before.status == Status.PASS and self.after.status != Status.PASS)
+                or self.kind is ChangeKind.GROWTH)
 
     @property
     def family(self) -> str:
@@ -94,26 +106,26 @@ class Change:
         b = self.before.status.value if self.before else "-"
         a = self.after.status.value if self.after else "-"
         text = f"{b} -> {a}"
-        if self.kind == GROWTH or (self.ratio_before is not None and self.ratio_after is not None
-                                   and self.kind == SAME):
+        if self.kind is ChangeKind.GROWTH or (self.ratio_before is not None and self.ratio_after is not None
+                                              and self.kind is ChangeKind.SAME):
             text = f"{text}, worst err/tol {_fmt(self.ratio_before)} -> {_fmt(self.ratio_after)}"
             if self.ratio_before and self.ratio_after is not None and math.isfinite(self.ratio_after):
                 text += f" (x{self.ratio_after / self.ratio_before:.3g})"
-        elif self.kind == NEW_FAILURE or self.kind == STATUS_CHANGE:
+        elif self.kind in (ChangeKind.NEW_FAILURE, ChangeKind.STATUS_CHANGE):
             if self.ratio_after is not None:
                 text += f", worst err/tol {_fmt(self.ratio_after)}"
-        elif self.kind == COLLECTIVES:
+        elif self.kind is ChangeKind.COLLECTIVES:
             text += f", collectives {fingerprint.change(self.before, self.after)}"
-        elif self.kind == COMPILATION:
+        elif self.kind is ChangeKind.COMPILATION:
             text += f", {compile_stats.change(self.before, self.after)}"
         message = (self.after.message if self.after and self.after.status != Status.PASS else
-                   self.before.message if self.kind == FIXED and self.before else "")
+                   self.before.message if self.kind is ChangeKind.FIXED and self.before else "")
         if message:
             text += f": {message.splitlines()[0][:200]}"
         return text
 
     def to_dict(self) -> dict:
-        return {"impl": self.impl, "case": self.case, "family": self.family, "kind": self.kind,
+        return {"impl": self.impl, "case": self.case, "family": self.family, "kind": self.kind.value,
                 "regression": self.regression,
                 "before": self.before.status.value if self.before else None,
                 "after": self.after.status.value if self.after else None,
@@ -137,25 +149,25 @@ def _by_pair(records: Iterable[Record]) -> dict[tuple[str, str], Record]:
     return out
 
 
-def classify(before: Optional[Record], after: Optional[Record], rule: GrowthRule) -> str:
-    """The kind of change from ``before`` to ``after`` (one of :data:`KIND_ORDER`)."""
+def classify(before: Optional[Record], after: Optional[Record], rule: GrowthRule) -> ChangeKind:
+    """The kind of change from ``before`` to ``after``."""
     if after is None:
-        return ONLY_BEFORE
+        return ChangeKind.ONLY_BEFORE
     if before is None:
-        return ONLY_AFTER
+        return ChangeKind.ONLY_AFTER
     if before.status != after.status:
         if after.status in FAILURES and before.status not in FAILURES:
-            return NEW_FAILURE
+            return ChangeKind.NEW_FAILURE
         if before.status in FAILURES and after.status == Status.PASS:
-            return FIXED
-        return STATUS_CHANGE
+            return ChangeKind.FIXED
+        return ChangeKind.STATUS_CHANGE
     if rule.grew(before.worst_ratio, after.worst_ratio):
-        return GROWTH
+        return ChangeKind.GROWTH
     if compile_stats.change(before, after) is not None:
-        return COMPILATION
+        return ChangeKind.COMPILATION
     if fingerprint.change(before, after) is not None:
-        return COLLECTIVES
-    return SAME
+        return ChangeKind.COLLECTIVES
+    return ChangeKind.SAME
 
 
 def changes(before: Iterable[Record], after: Iterable[Record], rule: GrowthRule = DEFAULT_RULE) -> list[Change]:
@@ -177,17 +189,17 @@ def format_changes(changes: list[Change], name_a: str, name_b: str, *, show_same
         mine = [c for c in changes if c.impl == impl]
         lines.append("")
         lines.append(f"== {impl}: {len(mine)} cases, " + ", ".join(
-            f"{sum(c.kind == k for c in mine)} {k}" for k in KIND_ORDER if any(c.kind == k for c in mine)))
-        for kind in KIND_ORDER:
+            f"{sum(c.kind == k for c in mine)} {k}" for k in ChangeKind if any(c.kind == k for c in mine)))
+        for kind in ChangeKind:
             rows = [c for c in mine if c.kind == kind]
-            if not rows or (kind == SAME and not show_same):
+            if not rows or (kind is ChangeKind.SAME and not show_same):
                 continue
-            if kind in (ONLY_BEFORE, ONLY_AFTER) and not show_same:
+            if kind in MISSING_ON_A_SIDE and not show_same:
                 lines.append(f"  {kind} ({len(rows)}): not run on the other build (--all lists them)")
                 continue
             lines.append(f"  {kind} ({len(rows)}):")
             lines.extend(f"    {c.case}  {c.describe()}" for c in rows)
-    counts = {k: sum(c.kind == k for c in changes) for k in KIND_ORDER}
+    counts = {k: sum(c.kind == k for c in changes) for k in ChangeKind}
     lines.append("")
     lines.append(f"{len(changes)} (case, impl): " + ", ".join(f"{n} {k}" for k, n in counts.items() if n)
                  + f"; {sum(c.regression for c in changes)} regressions")

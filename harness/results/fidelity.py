@@ -9,8 +9,11 @@ keeps every case where they disagree:
 
 - the status differs (a pass on one side, an error on the other), or
 - the statuses agree but the structural problems do not: a wrong dtype,
-  layout or shape flagged on one side only (numbers within tolerance on both
-  sides are agreement; their size differs between any two devices).
+  layout or shape (:data:`STRUCTURAL`, kinds of
+  :class:`~harness.judge.metric.Problem`) flagged on one side only (numbers
+  within tolerance on both sides are agreement; their size differs between any
+  two devices). A problem is known by its metric's kind, never by its message:
+  the messages say the same thing in a device's own words.
 
 Cases present on one side only are counted, not compared. Cases of the
 ``nccl-contract`` backend (NCCL's collective contract over gloo's transport)
@@ -30,10 +33,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from harness.judge.metric import Problem
 from harness.results.records import Record
 from harness.results.store import latest
 
-STRUCTURAL = ("dtype", "layout", "memory format", "shape", "stride")
+STRUCTURAL = frozenset({Problem.DTYPE, Problem.LAYOUT, Problem.SHAPE})
 
 
 @dataclass(frozen=True)
@@ -62,19 +66,15 @@ class Fidelity:
         return self.agreed + len(self.disagreements)
 
 
-def _problems(record: Record) -> tuple[str, ...]:
-    """The record's structural problems (metric problems about dtype, layout or shape), sorted and de-ranked."""
-    found = set()
-    for metric in record.metrics.values():
-        problem = metric.problem or ""
-        if any(word in problem.lower() for word in STRUCTURAL):
-            found.add(problem)
-    return tuple(sorted(found))
+def _problems(record: Record) -> frozenset[Problem]:
+    """The kinds of structural problem (dtype, layout, shape) the record's metrics have, on any rank or step."""
+    return frozenset(m.kind for m in record.metrics.values() if m.kind in STRUCTURAL)
 
 
 def _side(record: Record) -> str:
-    problems = _problems(record)
-    return f"{record.status}" + (f" ({problems[0]})" if problems else "")
+    """The status, and the first structural problem's message (in the record's order) if there is one."""
+    first = next((m.problem for m in record.metrics.values() if m.kind in STRUCTURAL), None)
+    return f"{record.status}" + (f" ({first})" if first else "")
 
 
 def compare(emulated: Iterable[Record], native: Iterable[Record], impl: str = "torch") -> Fidelity:

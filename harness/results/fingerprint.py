@@ -1,7 +1,7 @@
 """A record's collective fingerprint: what each rank said, compactly, and how it changed between builds.
 
 Each rank of a record carries its collectives in order (``ranks[i].collectives``,
-plain dicts from :mod:`harness.engine.collectives`). Two views of them:
+in their stored form, read as :class:`~harness.judge.call.Call`). Two views of them:
 
 - :func:`compact`: one line per rank for people, per step, consecutive
   repeats counted: ``step 0: all_gather float32[11], all_reduce float32[10] x2``
@@ -22,24 +22,25 @@ from __future__ import annotations
 from itertools import groupby
 from typing import Optional
 
+from harness.judge.call import Call, read_calls
 from harness.results.records import RankStatus, Record
 
 
-def _call(c: dict, world: list[int]) -> str:
-    tensor = f" {c['dtype']}{c.get('shape', '')}".replace(", ", ",") if c.get("dtype") else ""
-    group = f" @{c['group']}".replace(", ", ",") if c.get("group") and c["group"] != world else ""
-    return f"{c['op']}{tensor}{group}"
+def _call(c: Call, world: tuple[int, ...]) -> str:
+    group = f" @[{','.join(map(str, c.group))}]" if c.group and c.group != world else ""
+    return c.describe() + group
 
 
-def compact(calls: Optional[list[dict]], world_size: int) -> str:
+def compact(stored: Optional[list[dict]], world_size: int) -> str:
     """``step 0: all_gather float32[11], all_reduce float32[10] x2 | step 1: ...``; ``-`` for none, ``?`` unknown."""
+    calls = read_calls(stored)
     if calls is None:
         return "?"
     if not calls:
         return "-"
-    world = list(range(world_size))
+    world = tuple(range(world_size))
     parts = []
-    for step, in_step in groupby(calls, key=lambda c: c.get("step")):
+    for step, in_step in groupby(calls, key=lambda c: c.step):
         names = [_call(c, world) for c in in_step]
         runs = [f"{name} x{n}" if n > 1 else name for name, n in ((k, len(list(g))) for k, g in groupby(names))]
         parts.append((f"step {step}: " if step is not None else "") + ", ".join(runs))
@@ -55,8 +56,8 @@ def pattern(record: Record) -> Optional[dict[int, list[tuple]]]:
     """Per rank, ``(op, group, dtype, numel)`` of each call; None when no rank's collectives are known."""
     if not record.ranks or all(o.collectives is None for o in record.ranks):
         return None
-    return {o.rank: [(c.get("op"), tuple(c.get("group") or ()), c.get("dtype"), c.get("numel"))
-                     for c in o.collectives] for o in record.ranks if o.collectives is not None}
+    return {o.rank: [(c.op, c.group, c.dtype, c.numel) for c in read_calls(o.collectives)]
+            for o in record.ranks if o.collectives is not None}
 
 
 def _cut_short(record: Record) -> set[int]:

@@ -12,7 +12,7 @@ from typing import Iterable
 
 from harness.results import compile_stats, fingerprint
 from harness.results.records import FAILURES, WORST_FIRST, RankStatus, Record
-from harness.results.severity import KINDS, assess
+from harness.results.severity import Severity, assess
 from harness.results.store import record_key
 
 FAILING = tuple(s.value for s in WORST_FIRST if s in FAILURES)  # the failing statuses, worst first
@@ -46,10 +46,10 @@ def records_frame(records: Iterable[Record]):
                "known_link": r.known_issue.link if r.known_issue else "",
                "worst_ratio": r.worst_ratio, "message": r.message, "ranks": attribution(r),
                "collectives": "\n".join(fingerprint.per_rank(r)) if r.status.value in FAILING else "",
-               "desync": (r.desync or {}).get("message", ""),
-               "diagnosis": (r.diagnosis or {}).get("summary") or "",
+               "desync": r.desync_message,
+               "diagnosis": r.diagnosis_summary,
                "world_size": r.world_size, "duration_s": r.duration_s, "started_at": r.started_at, "host": r.host,
-               "severity": a.summary() if a else "", "severity_rank": a.rank if a else len(KINDS),
+               "severity": a.summary() if a else "", "severity_rank": a.rank if a else len(Severity),
                "in_training": a.notice() if a else "", **compile_stats.columns(r)}
         for k, v in sorted(r.params.items()):
             row[f"param.{k}"] = json.dumps(v) if isinstance(v, (list, dict)) else v

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from harness.errors import UsageError
-from harness.results.diff import (COLLECTIVES, COMPILATION, DEFAULT_RULE, ONLY_AFTER, ONLY_BEFORE, Change, GrowthRule,
-                                  changes)
+from harness.results.diff import DEFAULT_RULE, MISSING_ON_A_SIDE, Change, ChangeKind, GrowthRule, changes
 from harness.results.junit import detail
 from harness.results.records import NOT_RUN, Record, Status
 from harness.results.store import Store, Where, read_file, record_key
@@ -59,21 +58,21 @@ class GateResult:
     @property
     def missing(self) -> list[Change]:
         """Pairs the baseline ran that the current records lack."""
-        return [c for c in self.changes if c.kind == ONLY_BEFORE and c.before.status not in NOT_RUN]
+        return [c for c in self.changes if c.kind is ChangeKind.ONLY_BEFORE and c.before.status not in NOT_RUN]
 
     @property
     def collectives_changed(self) -> list[Change]:
         """Pairs whose ranks issued another pattern of collectives, with the same status."""
-        return [c for c in self.changes if c.kind == COLLECTIVES]
+        return [c for c in self.changes if c.kind is ChangeKind.COLLECTIVES]
 
     @property
     def compilation_changed(self) -> list[Change]:
         """Compiled pairs whose graphs, graph breaks or eager frames changed, with the same status."""
-        return [c for c in self.changes if c.kind == COMPILATION]
+        return [c for c in self.changes if c.kind is ChangeKind.COMPILATION]
 
     @property
     def compared(self) -> list[Change]:
-        return [c for c in self.changes if c.kind not in (ONLY_BEFORE, ONLY_AFTER)]
+        return [c for c in self.changes if c.kind not in MISSING_ON_A_SIDE]
 
     @property
     def exit_code(self) -> int:
@@ -137,11 +136,11 @@ def format_result(result: GateResult, baseline_name: str) -> str:
     for c in missing:
         lines.append(f"{label:<11} {c.case}  [{c.impl}]  {c.before.status.value} in the baseline, not in the current "
                      "records")
-    others = [c for c in result.changes if not c.regression and c.kind not in ("same", ONLY_BEFORE)]
+    others = [c for c in result.changes if not c.regression and c.kind not in (ChangeKind.SAME, ChangeKind.ONLY_BEFORE)]
     for c in others:
-        failing = (c.kind == COLLECTIVES and result.fail_on_collectives) or (
-            c.kind == COMPILATION and result.fail_on_compilation)
-        kind = c.kind.upper() if failing else c.kind
+        failing = (c.kind is ChangeKind.COLLECTIVES and result.fail_on_collectives) or (
+            c.kind is ChangeKind.COMPILATION and result.fail_on_compilation)
+        kind = c.kind.value.upper() if failing else c.kind.value
         lines.append(f"{kind:<11} {c.case}  [{c.impl}]  {c.describe()}")
     n, m = len(result.regressions), len(missing)
     verdict = f"gate: {n} regression{'s' if n != 1 else ''}"
@@ -168,15 +167,16 @@ def junit_rows(result: GateResult) -> list[dict]:
         rec = c.after or c.before
         row = {"classname": c.impl, "name": c.case, "time": rec.duration_s if c.after else 0.0}
         if c.regression:
-            row.update(outcome="failure", type=c.kind if c.kind != "status change" else "regression",
+            kind = "regression" if c.kind is ChangeKind.STATUS_CHANGE else c.kind.value
+            row.update(outcome="failure", type=kind,
                        message=f"regression against the baseline: {c.describe()}", detail=_detail(c.after))
-        elif c.kind == COLLECTIVES and result.fail_on_collectives:
+        elif c.kind is ChangeKind.COLLECTIVES and result.fail_on_collectives:
             row.update(outcome="failure", type="collectives", message=f"collectives changed: {c.describe()}",
                        detail=_detail(c.after))
-        elif c.kind == COMPILATION and result.fail_on_compilation:
+        elif c.kind is ChangeKind.COMPILATION and result.fail_on_compilation:
             row.update(outcome="failure", type="compilation", message=f"compilation changed: {c.describe()}",
                        detail=_detail(c.after))
-        elif c.kind == ONLY_BEFORE:
+        elif c.kind is ChangeKind.ONLY_BEFORE:
             missing = c.before.status not in NOT_RUN and not result.allow_missing
             row.update(outcome="failure" if missing else "skipped", type="missing",
                        message=f"{c.before.status.value} in the baseline, missing from the current records")

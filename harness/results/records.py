@@ -18,7 +18,9 @@ from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from harness import SCHEMA_VERSION
+from harness.judge.call import Call, read_calls
 from harness.judge.metric import Metric, worst_ratio
+from harness.judge.metric_key import MetricKey
 from harness.judge.mode import Mode
 from harness.judge.status import FAILURES, NOT_RUN, WORST_FIRST, RankOutcome, RankStatus, Status
 from harness.results import evidence
@@ -208,6 +210,41 @@ class Record:
         if self.known_issue and self.known_issue.unexpected:
             return f"{self.status.value} (beside a known issue)"
         return self.status.value
+
+    def failing_metrics(self) -> list[str]:
+        """The names of the failing metrics, earliest first: by step, then as the scenario listed them
+        (a rank's own tensors before the checks across ranks)."""
+        names = [name for name, m in self.metrics.items() if not m.ok]
+        return sorted(names, key=lambda n: (MetricKey.parse(n).order, names.index(n)))
+
+    def first_failure(self) -> Optional[str]:
+        """The name of the earliest failing metric (:meth:`failing_metrics`), None when none fails."""
+        return next(iter(self.failing_metrics()), None)
+
+    def first_rank(self, status: RankStatus) -> Optional[RankOutcome]:
+        """The lowest rank that ended with ``status`` (the first to raise, to crash), None when none did."""
+        return next((r for r in self.ranks if r.status == status), None)
+
+    @property
+    def desync_message(self) -> str:
+        """What the first collective the ranks disagreed on was ('' when they agreed or were not compared)."""
+        return self.desync["message"] if self.desync else ""
+
+    def desync_calls(self) -> list[Call]:
+        """The calls the ranks issued at the first collective they disagreed on, in rank order; a rank that
+        issued none there is left out (empty when they agreed)."""
+        stored = (self.desync or {}).get("calls") or {}
+        return read_calls(c for c in stored.values() if c)
+
+    @property
+    def diagnosis_summary(self) -> str:
+        """The debug-enabled rerun's summary of a crash or hang ('' without one)."""
+        return (self.diagnosis or {}).get("summary") or ""
+
+    def compile_ranks(self) -> dict[str, dict]:
+        """``torch.compile``'s metrics per rank (rank as a string -> its graphs, breaks, ...); empty when not
+        compiled."""
+        return (self.compile or {}).get("ranks") or {}
 
 
 _OPT = type(None)

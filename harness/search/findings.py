@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from harness.results.severity import KINDS, Assessment, assess, reach
+from harness.results.severity import Assessment, Severity, assess, reach
 from harness.search.explore import SearchResult
 from harness.search.space import size_of
 
@@ -43,7 +43,7 @@ def order_by_severity(result: SearchResult) -> None:
     """New findings first, then known ones; each worst first (:mod:`harness.results.severity`), then as found."""
     def key(f):
         a = assess_finding(f)
-        return (f.known, a.rank if a else len(KINDS), not (a and a.common))
+        return (f.known, a.rank if a else len(Severity), not (a and a.common))
 
     result.findings.sort(key=key)
 

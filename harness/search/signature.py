@@ -33,29 +33,22 @@ def failure_words(record: Record) -> str:
     """What failed (see the module docstring)."""
     parts = []
     if record.desync:
-        calls = [c for c in (record.desync.get("calls") or {}).values() if c]
-        op = calls[0].get("op") if calls else None
-        parts.append(f"desync {op or 'missing collective'}")
+        calls = record.desync_calls()
+        parts.append(f"desync {calls[0].op if calls else 'missing collective'}")
     if record.status == Status.MISMATCH:
-        failing = [name for name, m in record.metrics.items() if not m.ok]
-        if failing:
-            first = _first(failing)
+        first = record.first_failure()
+        if first is not None:
             kind = record.metrics[first].kind
             parts.append(tensor_kind(first) + (f": {kind.value}" if kind else ""))
     elif record.status == Status.ERROR:
-        rank = next((r for r in record.ranks if r.status == RankStatus.ERROR), None)
+        rank = record.first_rank(RankStatus.ERROR)
         parts.append(rank.exception_type or "error" if rank else "error")
     elif record.status == Status.CRASH:
-        rank = next((r for r in record.ranks if r.status == RankStatus.CRASH), None)
+        rank = record.first_rank(RankStatus.CRASH)
         parts.append((rank.signal or f"exit {rank.exit_code}") if rank else "crash")
     elif record.status == Status.HANG:
         parts.append("timeout")
     return ", ".join(parts) or record.status.value
-
-
-def _first(names: list[str]) -> str:
-    """The earliest failing metric: by step, then as the scenario listed them (rank-level before across-rank)."""
-    return min(names, key=lambda n: (MetricKey.parse(n).order, names.index(n)))
 
 
 def signature(record: Record) -> Optional[str]:

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 from harness.engine import collectives
+from harness.judge.call import Call
 
 
 @pytest.fixture
@@ -36,6 +37,8 @@ def test_calls_are_recorded_with_op_group_dtype_shape_and_step(one_rank_group):
         ("all_reduce", "float16", [5], [0], 3), ("all_gather", "float32", [2, 3], [0], 3),
         (flat.__name__, "float32", [4], [0], 3)]
     assert collectives.recorded() == calls  # every call of the task, however often asked
+    assert [list(c) for c in calls] == [["op", "group", "step", "dtype", "shape", "numel"]] * 3  # the stored form
+    assert [Call.from_dict(c).to_dict() for c in calls] == calls
     collectives.begin_task()
     assert collectives.recorded() == []
 

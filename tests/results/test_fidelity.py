@@ -7,6 +7,8 @@ said so), one of them with a different status, written through the real store.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from cli_here import run_here
 
@@ -67,3 +69,25 @@ def test_stores_of_different_torch_builds_are_refused(emulated, tmp_path):
     # A local suffix alone (the same release and commit built for another CUDA) is the same Python: compared.
     same = as_cuda(records, torch_version=records[0].torch_version.split("+")[0] + "+cu130")
     assert build_mismatch(records, same, "torch") == ""
+
+
+def test_structural_problems_are_told_apart_by_their_kind_not_their_words(emulated):
+    """The same kind in other words agrees; a kind on one side only disagrees; words alone are no kind."""
+    from harness.judge.metric import Metric, Problem
+
+    records = [r for r in Store(emulated).read() if r.impl == "torch"]
+
+    def with_metric(side, problem, kind):  # in memory: a stored metric without a kind gets its old reading
+        return [replace(r, status=Status.MISMATCH, metrics={"rank0.step0.train.output": Metric.failure(problem, kind)})
+                for r in side]
+
+    cpu = with_metric(records, "dtype torch.float32, expected torch.float16", Problem.DTYPE)
+    same_kind = with_metric(as_cuda(records), "came back as float32 where float16 was asked", Problem.DTYPE)
+    assert not compare(cpu, same_kind, "torch").disagreements
+    layout = with_metric(as_cuda(records), "came back as float32 where float16 was asked", Problem.LAYOUT)
+    fid = compare(cpu, layout, "torch")
+    assert len(fid.disagreements) == len(CASES)
+    assert fid.disagreements[0].emulated == "mismatch (dtype torch.float32, expected torch.float16)"
+    worded = with_metric(records, "a dtype, a layout, a shape and a stride named in prose", None)
+    plain = with_metric(as_cuda(records), "num_batches_tracked 2, expected 3", None)
+    assert not compare(worded, plain, "torch").disagreements

@@ -19,7 +19,7 @@ from cli_here import run_here
 from harness.buildinfo import build_info
 from harness.judge.metric import Metric
 from harness.results import fingerprint
-from harness.results.diff import COLLECTIVES, FIXED, GROWTH, NEW_FAILURE, SAME, STATUS_CHANGE, GrowthRule, changes
+from harness.results.diff import ChangeKind, GrowthRule, changes
 from harness.results.gate import evaluate, format_result, junit_rows
 from harness.results.records import RankOutcome, RankStatus, Record, Status
 from harness.results.store import Store, build_key
@@ -129,7 +129,7 @@ def test_gate_over_stores_and_diff_between_builds(baseline):
     assert fail.returncode == 1 and fail.stdout == out.stdout
     data = json.loads(harness(["diff", key, "9.9.9", "--store", "mixed", "--format", "json"], tmp).stdout)
     assert {(c["case"], c["kind"], c["before"], c["after"]) for c in data["changes"]} == {
-        (c, NEW_FAILURE, "pass", "mismatch") for c in cases}
+        (c, ChangeKind.NEW_FAILURE.value, "pass", "mismatch") for c in cases}
     unknown = harness(["diff", "nope", key, "--store", "mixed"], tmp)
     assert unknown.returncode == 2 and "'nope' matches no build" in unknown.stderr and key in unknown.stderr
 
@@ -168,8 +168,9 @@ def test_compare_classifies_every_kind_of_change():
              make("a/noise/ws2", Status.PASS, 9e-4), make("a/new/ws2", Status.MISMATCH, 2.0)]
     found = {c.case: c for c in changes(before, after)}
     assert {k: c.kind for k, c in found.items()} == {
-        "a/pass-to-crash/ws2": NEW_FAILURE, "a/fixed/ws2": FIXED, "a/crash-to-hang/ws2": STATUS_CHANGE,
-        "a/grew/ws2": GROWTH, "a/noise/ws2": SAME, "a/gone/ws2": "only in A", "a/new/ws2": "only in B"}
+        "a/pass-to-crash/ws2": ChangeKind.NEW_FAILURE, "a/fixed/ws2": ChangeKind.FIXED,
+        "a/crash-to-hang/ws2": ChangeKind.STATUS_CHANGE, "a/grew/ws2": ChangeKind.GROWTH,
+        "a/noise/ws2": ChangeKind.SAME, "a/gone/ws2": ChangeKind.ONLY_BEFORE, "a/new/ws2": ChangeKind.ONLY_AFTER}
     assert {k for k, c in found.items() if c.regression} == {"a/pass-to-crash/ws2", "a/grew/ws2"}
     assert "worst err/tol 0.05 -> 0.5 (x10)" in found["a/grew/ws2"].describe()
 
@@ -242,7 +243,8 @@ def test_a_change_of_the_collectives_is_its_own_kind_and_fails_the_gate_only_if_
              said(make("a/unknown/ws2", Status.PASS), two, two)]
     found = {c.case: c for c in changes(before, after)}
     assert {k: c.kind for k, c in found.items()} == {
-        "a/more/ws2": COLLECTIVES, "a/renamed/ws2": COLLECTIVES, "a/same/ws2": SAME, "a/unknown/ws2": SAME}
+        "a/more/ws2": ChangeKind.COLLECTIVES, "a/renamed/ws2": ChangeKind.COLLECTIVES, "a/same/ws2": ChangeKind.SAME,
+        "a/unknown/ws2": ChangeKind.SAME}
     assert found["a/more/ws2"].describe() == (
         "pass -> pass, collectives rank 0: 2 -> 3 collectives; #2 none -> all_reduce float32[10] @[0, 1]")
     assert "#0 all_gather float32[11] @[0, 1] -> all_gather_single float32[11] @[0, 1]" in \

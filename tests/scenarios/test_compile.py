@@ -22,7 +22,7 @@ import torch
 from harness import catalog
 from harness.engine.session import RunOptions, resolve_impls, run_selection
 from harness.results import compile_stats, gate
-from harness.results.diff import COMPILATION, changes
+from harness.results.diff import ChangeKind, changes
 from harness.results.records import Status
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
@@ -108,13 +108,13 @@ def test_a_new_graph_break_is_a_change_diff_reports_and_gate_fails_on_when_asked
     now = _with_breaks(base, ["Unsupported Tensor.item() call", "a new break"])
     before = _with_breaks(base, ["Unsupported Tensor.item() call"])
     [change] = changes([before], [now])
-    assert change.kind == COMPILATION and not change.regression
+    assert change.kind is ChangeKind.COMPILATION and not change.regression
     assert "new break: a new break" in change.describe(), change.describe()
     assert gate.evaluate([before], [now]).exit_code == 0
     failing = gate.evaluate([before], [now], fail_on_compilation=True)
     assert failing.exit_code == 1 and "COMPILATION CHANGED" in gate.format_result(failing, "baseline.json")
     [same] = changes([before], [before])
-    assert same.kind == "same"
+    assert same.kind is ChangeKind.SAME
 
 
 def test_the_emulated_module_accepts_cpu_without_answering_cpu_to_anyone_else():
