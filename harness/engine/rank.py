@@ -51,7 +51,7 @@ from harness.engine.messages import RankResult, Task
 from harness.errors import EXIT_PARENT_GONE
 from harness.impls.registry import resolve
 from harness.judge.desync import eval_checks, group_checks
-from harness.judge.mode import of as mode_of
+from harness.judge.mode import declared_mode
 from harness.judge.verdict import rank_verdict
 from harness.scenarios import module as scenario_named
 
@@ -130,7 +130,7 @@ def run_task(ctx: RankContext, task: Task, scenario=None) -> RankResult:
                 runner.run_rank(ctx, case, impl, task.device, result, task.compare)
         finally:
             result.collectives = recorded()
-            result.mode = mode_of(impl.mode, f"impl {task.impl!r}")
+            result.mode = declared_mode(impl.mode, f"impl {task.impl!r}")
             result.mode_notes = [*impl.mode_notes, *filter(None, [impl.ddp_note])]
         # What the rank said goes first: a wrong collective is the cause of the wrong tensors after it.
         said = eval_checks(case, result.collectives) + group_checks(case, ctx.rank, result.collectives)

@@ -53,7 +53,7 @@ def parse(text: Union[str, "Mode", None]) -> tuple[Optional[Mode], tuple[str, ..
     return None, tuple(filter(None, [head, *notes]))
 
 
-def of(value: Union[str, Mode, None], where: str) -> Optional[Mode]:
+def declared_mode(value: Union[str, Mode, None], where: str) -> Optional[Mode]:
     """An adapter's declared mode as a :class:`Mode`; a string must be one of the values exactly.
 
     ``where`` names the adapter in the error: a plugin that sets ``mode = "fast"`` is told the values and where

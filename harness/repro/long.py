@@ -46,7 +46,7 @@ PARTS = (
     ("harness.judge.metric_key", None),
     ("harness.judge.call", None),
     ("harness.judge.status", None),
-    ("harness.judge.mode", ("of",)),
+    ("harness.judge.mode", ("declared_mode",)),
     ("harness.slices", None),
     ("harness.catalog.dtypes", None),
     ("harness.catalog.case", None),

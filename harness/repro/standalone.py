@@ -82,6 +82,7 @@ class ReproImpl:
     """The implementation under test, in the shape the scenario's rank code expects of an adapter."""
 
     mode = "native"
+    mode_notes = ()
 
     @property
     def name(self) -> str:
