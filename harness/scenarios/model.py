@@ -300,11 +300,15 @@ class Training:
             judge("grad_input", x.grad, truth.grad_inputs[rank], DTYPES[case.dtype])
         if truth.penalized is not None:
             judge("penalized_grad_input", mine, truth.penalized[rank], DTYPES[case.dtype])
-        last_micro = (s + 1) % self.ddp.accumulation == 0
-        bitwise = self._optimizer_step(judge, truth) if train and (not self.ddp.on or last_micro) else {}
+        bitwise = self._optimizer_step(judge, truth) if train and self._steps_optimizer(s) else {}
         bitwise.update(judge_buffers(self.net.named_buffers(), self.oracle.buffers, judge, self.judge.metrics,
                                      lambda name: step_key(s, STEP_KINDS[kind], name), self.pdtype))
         self.bitwise[s] = bitwise
+
+    def _steps_optimizer(self, s: int) -> bool:
+        """Whether a training step ``s`` ends with an optimizer step: always without DDP; under ``no_sync=K``,
+        only the last of every K micro-batches (the others accumulate under ``no_sync()``)."""
+        return not self.ddp.on or (s + 1) % self.ddp.accumulation == 0
 
     def _truth(self, s: int, xs: list, train: bool) -> Truth:
         """The oracle's forward of step ``s`` over every active rank's input (and its backward when training)."""
@@ -321,8 +325,7 @@ class Training:
         evaluate alone must issue no collective."""
         ws = self.case.world_size
         x = x.to(self.device).detach().clone().requires_grad_(train and "data-input" not in self.case.options)
-        last_micro = (s + 1) % self.ddp.accumulation == 0
-        sync = self.model.no_sync() if self.ddp.on and train and not last_micro else contextlib.nullcontext()
+        sync = self.model.no_sync() if train and not self._steps_optimizer(s) else contextlib.nullcontext()
         quiet = self.ctx.forbid_collectives(f"evaluation on ranks {[r for r in range(ws) if evaluates(kind, r, ws)]} "
                                             "alone") if alone else contextlib.nullcontext()
         with sync, quiet:
