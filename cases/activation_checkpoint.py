@@ -17,12 +17,12 @@ scenario judges: every tensor against the float64 network without
 checkpointing.
 """
 
-from harness.catalog.case import Case
 from harness.catalog import covering
+from harness.catalog.case import CHECKPOINT_USES, Case
 
 FAMILY = "activation-checkpoint"
 
-USES = ("checkpoint-layer", "checkpoint-layer-reentrant", "checkpoint-block", "checkpoint-block-reentrant")
+USES = CHECKPOINT_USES  # the catalog's names and order (the covering array's rows follow it)
 NETWORKS = ("cnn", "resblock")
 WRAPS = (("local", ()), ("ddp", ("ddp",)))
 DTYPES = ("float32", "float64")

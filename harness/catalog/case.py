@@ -47,9 +47,11 @@ CHECKPOINT_MODES = ("resume-2-3", "resume-3-2", "revert", "rank0-ddp")
 # does); "data-input": the network's input does not require grad (data, as users feed it; no input gradient
 # is judged).
 MODEL_OPTIONS = ("frozen-norm", "data-input")
-# What users do around a network holding SyncBN (model scenario; harness.scenarios.uses explains each).
-USES = ("checkpoint-layer", "checkpoint-layer-reentrant", "checkpoint-block", "checkpoint-block-reentrant",
-        "double-backward", "autocast", "script", "join")
+# What users do around a network holding SyncBN (model scenario; harness.scenarios.uses explains each): the
+# one place the names are spelled. Activation checkpointing around every SyncBN layer or around the whole
+# network, with use_reentrant=False or True; the other uses stand alone.
+CHECKPOINT_USES = ("checkpoint-layer", "checkpoint-layer-reentrant", "checkpoint-block", "checkpoint-block-reentrant")
+USES = CHECKPOINT_USES + ("double-backward", "autocast", "script", "join")
 # torch.compile of the case's module: a backend, then optionally "fullgraph" and "dynamic" (dynamic=True)
 COMPILE_BACKENDS = ("eager", "aot_eager", "inductor")
 COMPILE_OPTIONS = ("fullgraph", "dynamic")

@@ -15,6 +15,7 @@ from typing import Optional
 
 from harness.judge.metric import Metric
 from harness.results.records import RankOutcome, RankStatus, Status
+from harness.scenarios.across import Across
 
 
 @dataclass
@@ -40,9 +41,10 @@ class RankResult:
 
     ``status`` is ``pass``, ``mismatch`` (some tensor out of tolerance) or
     ``error`` (an exception: type, message and traceback kept). ``across``
-    holds what the parent needs to judge the ranks together (the grad_weight
-    and grad_bias shares whose sum is compared with the oracle's, digests of
-    tensors that must be bitwise equal on every rank of a group).
+    holds what the parent needs to judge the ranks together
+    (:class:`~harness.scenarios.across.Across`: the grad_weight and grad_bias
+    shares whose sum is compared with the oracle's, the bits of tensors that
+    must be bitwise equal on every rank of a group).
     """
 
     rank: int
@@ -51,7 +53,8 @@ class RankResult:
     exception_type: Optional[str] = None
     traceback: Optional[str] = None
     metrics: dict[str, Metric] = field(default_factory=dict)
-    across: dict = field(default_factory=dict)
+    # Made when a result is (not when the class is): a long repro file defines Across after this class.
+    across: Across = field(default_factory=lambda: Across())
     impl_version: Optional[str] = None
     mode: Optional[str] = None  # a harness.judge.mode.Mode's value (plain data crosses)
     mode_notes: list[str] = field(default_factory=list)
@@ -64,6 +67,7 @@ class RankResult:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["status"] = self.status.value
         d["metrics"] = {name: m.to_dict() for name, m in self.metrics.items()}
+        d["across"] = self.across.to_dict()
         return d
 
     @classmethod
@@ -72,6 +76,7 @@ class RankResult:
         kw = {k: v for k, v in d.items() if k in names}
         kw["status"] = RankStatus(kw.get("status", "error"))
         kw["metrics"] = {name: Metric.from_dict(m) for name, m in (kw.get("metrics") or {}).items()}
+        kw["across"] = Across.from_dict(kw.get("across"))
         return cls(**kw)
 
 

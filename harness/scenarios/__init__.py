@@ -4,8 +4,9 @@ A scenario module has two functions:
 - ``run_rank(ctx, case, impl, device, result, compare_with)``: on one rank,
   build what the case says with the implementation, run its steps, judge this
   rank's tensors against the float64 oracle, and fill the
-  :class:`~harness.engine.messages.RankResult` (metrics, and in ``across`` what
-  the parent needs to judge the ranks together);
+  :class:`~harness.engine.messages.RankResult` (metrics, and in ``across`` an
+  :class:`~harness.scenarios.across.Across`: what the parent needs to judge the
+  ranks together);
 - ``judge_across(case, results)``: in the parent, the checks that need every
   rank's result (sums of per-rank shares, invariants across ranks), as
   ``(name, Metric)`` pairs.
@@ -23,7 +24,9 @@ and may have a third, asked in the parent before any rank runs the case:
   plain BatchNorm, or loaded on rank 0 under DDP;
 - :mod:`~harness.scenarios.cuda_graph`: a training step captured in a CUDA graph, replayed step by step;
 - :mod:`~harness.scenarios.uses`: what users do around the model scenario's network (activation checkpointing,
-  a gradient penalty, autocast, TorchScript, DDP's join);
+  a gradient penalty, autocast, TorchScript, DDP's join), a ``Use`` class each;
+- :mod:`~harness.scenarios.across`: what a rank sends for the checks across ranks, and the bitwise check they
+  share;
 - :mod:`~harness.scenarios.prepared`: a rank's inputs and truths of a case, kept for the next implementation.
 """
 

@@ -38,6 +38,7 @@ from harness.judge.compare import compare_tensor
 from harness.judge.metric import Metric
 from harness.judge.network_budget import network_tolerance
 from harness.scenarios import user_models
+from harness.scenarios.across import Across
 from harness.scenarios.conversion import oracle_step, run_step
 from harness.scenarios.model import judge_across
 
@@ -104,7 +105,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     oracle.train()
     ranks_a, ranks_b = phases(case)
     metrics: list = []
-    across: dict = {}
+    bitwise: dict[int, dict] = {}
     group_a = _group(ctx, ranks_a, ws)
     model = user_models.build(case.model, case.channels, case.seed, dtype=pdtype, param_dtype=pdtype)
     model.train()
@@ -113,7 +114,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         ctx.mark_step(s)
         xs, gs = ([data.inputs[s][r] for r in ranks_a], [data.grad_outputs[s][r] for r in ranks_a])
         if rank in ranks_a:
-            across[str(s)] = run_step(case, impl, device, rank, model, oracle, xs, gs, s, metrics, ranks=ranks_a)
+            bitwise[s] = run_step(case, impl, device, rank, model, oracle, xs, gs, s, metrics, ranks=ranks_a)
         else:
             oracle_step(oracle, xs, case.steps[s])
     state = _share({k: v.detach().cpu() for k, v in model.state_dict().items()} if rank == 0 else None)
@@ -138,11 +139,11 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         ctx.mark_step(s)
         xs, gs = ([data.inputs[s][r] for r in ranks_b], [data.grad_outputs[s][r] for r in ranks_b])
         if fresh is not None and rank in ranks_b:
-            across[str(s)] = run_step(case, impl, device, rank, fresh, oracle, xs, gs, s, metrics, ranks=ranks_b,
+            bitwise[s] = run_step(case, impl, device, rank, fresh, oracle, xs, gs, s, metrics, ranks=ranks_b,
                                       averaged=ddp)
         else:
             oracle_step(oracle, xs, case.steps[s])
-    result.across["bitwise"] = across
+    result.across = Across(bitwise=bitwise)
     result.metrics = dict(metrics)
 
 

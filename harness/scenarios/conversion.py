@@ -40,6 +40,7 @@ from harness.judge.metric import Metric
 from harness.judge.metric_key import step_key
 from harness.judge.network_budget import network_tolerance
 from harness.scenarios import user_models
+from harness.scenarios.across import Across
 from harness.scenarios.model import judge_across, judge_buffers
 
 __all__ = ["run_rank", "run_step", "oracle_step", "judge_across", "conversion_problems"]
@@ -251,10 +252,10 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
                                          for i, p in enumerate(conversion_problems(before, converted))]
     converted = converted.to(device)
     data = materialize(case)
-    across: dict = {}
+    bitwise: dict[int, dict] = {}
     for s in range(len(case.steps)):
         ctx.mark_step(s)
-        across[str(s)] = run_step(case, impl, device, ctx.rank, converted, oracle, data.inputs[s],
+        bitwise[s] = run_step(case, impl, device, ctx.rank, converted, oracle, data.inputs[s],
                                   data.grad_outputs[s], s, metrics)
-    result.across["bitwise"] = across
+    result.across = Across(bitwise=bitwise)
     result.metrics = dict(metrics)

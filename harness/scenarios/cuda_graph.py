@@ -47,6 +47,7 @@ from harness.catalog.case import Case
 from harness.catalog.data import DTYPES
 from harness.judge.compare import judge_rank, judge_sums, sum_tolerance
 from harness.scenarios import prepared
+from harness.scenarios.across import Across
 
 WARMUP_STEPS = 3
 
@@ -75,11 +76,11 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     data, truths = prepared.prepare(case, rank)  # read-only here: the replay copies what it uses
     observed = replay_steps(case, impl, rank, data, ctx.process_group(case))
     if case.affine:
-        result.across["shares"] = {str(s): {which: _floats(obs[which], case.channels)
-                                            for which in ("grad_weight", "grad_bias")}
-                                   for s, obs in enumerate(observed)}
+        result.across = Across(shares={str(s): {which: _floats(obs[which], case.channels)
+                                                for which in ("grad_weight", "grad_bias")}
+                                       for s, obs in enumerate(observed)})
         if rank == 0:
-            result.across["sum_truth"] = {
+            result.across.sum_truth = {
                 str(s): {which: {"true": getattr(truths[s], f"{which}_sum").tolist(),
                                  "tol": sum_tolerance(case, data, truths, s, which).tolist()}
                          for which in ("grad_weight", "grad_bias")}
@@ -91,10 +92,10 @@ def judge_across(case: Case, results: list) -> list:
     """The sums over ranks of the grad_weight/grad_bias shares against the oracle's sums."""
     if not case.affine or len(results) != case.world_size:
         return []
-    sum_truth = next((r.across.get("sum_truth") for r in results if r.across.get("sum_truth")), None)
-    if not sum_truth or not all("shares" in r.across for r in results):
+    sum_truth = next((r.across.sum_truth for r in results if r.across.sum_truth), None)
+    if not sum_truth or not all(r.across.shares is not None for r in results):
         return []
-    return judge_sums(sum_truth, [r.across["shares"] for r in results])
+    return judge_sums(sum_truth, [r.across.shares for r in results])
 
 
 def replay_steps(case: Case, impl, rank: int, data, group) -> list[dict]:

@@ -35,11 +35,12 @@ import torch
 from harness.catalog.case import STEP_KINDS, Case, evaluates
 from harness.catalog.data import DTYPES
 from harness.judge.compare import judge_rank, judge_sums, sum_tolerance_of
-from harness.judge.invariants import bits, compare_across
+from harness.judge.invariants import bits
 from harness.judge.metric import Metric
 from harness.judge.metric_key import step_key
 from harness.judge.oracle import ONE_VALUE
 from harness.scenarios import prepared
+from harness.scenarios.across import Across, judge_bitwise, of_results
 
 TENSORS = ("output", "grad_input", "grad_weight", "grad_bias", "running_mean", "running_var")
 BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
@@ -56,20 +57,20 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     observed, convert_problems = run_steps(ctx, case, impl, device, data, group, refuse_at=refuse_at)
     refusal = observed.pop() if refuse_at is not None and len(observed) > refuse_at else None
     truths = truths[:len(observed)]
-    result.across["buffers"] = {str(s): {name: obs[f"{name}_bits"] for name in BUFFERS}
-                                for s, obs in enumerate(observed) if obs is not None}
+    result.across = Across(bitwise={s: {name: obs[f"{name}_bits"] for name in BUFFERS}
+                                    for s, obs in enumerate(observed) if obs is not None})
     budgets: dict = {}
     metrics = judge_rank(case, rank, data, truths, observed, budgets=budgets)
     if case.affine:
         judged = {s: obs.get("grad_steps") or [s] for s, obs in enumerate(observed)
                   if obs is not None and obs.get("grads", "own") in ("own", "accumulated")}
-        result.across["shares"] = {str(s): {which: _as_list(observed[s][which], case.channels)
-                                            for which in ("grad_weight", "grad_bias")} for s in judged}
+        result.across.shares = {str(s): {which: _as_list(observed[s][which], case.channels)
+                                         for which in ("grad_weight", "grad_bias")} for s in judged}
         # Each rank's budget terms of the sums' tolerance: the parent adds them up (judge_across), so no rank
         # goes over the others' tensors again.
-        result.across["budgets"] = budgets
+        result.across.budgets = budgets
         # This rank's true shares: the parent sums them over the ranks (a rank may hold only its own truth).
-        result.across["true_shares"] = {
+        result.across.true_shares = {
             str(s): {which: {str(i): getattr(truths[i], which)[rank].tolist() for i in steps}
                      for which in ("grad_weight", "grad_bias")}
             for s, steps in judged.items()}
@@ -111,28 +112,18 @@ def _refusal_metric(refusal: dict, expected: str) -> Metric:
 
 def judge_across(case: Case, results: list) -> list[tuple[str, Metric]]:
     """The grad shares' sums against the oracle's, and the buffers that must be bitwise equal on every rank."""
-    out = []
-    groups = [list(g) for g in (case.groups or [tuple(range(case.world_size))])]
-    buffers = {r.rank: r.across.get("buffers", {}) for r in results}
-    steps = sorted({s for b in buffers.values() for s in b}, key=int)
-    for s in steps:
-        for name in BUFFERS:
-            per_rank = {r: b[s][name] for r, b in buffers.items() if s in b}
-            kind = STEP_KINDS[case.steps[int(s)]]
-            bad = compare_across(step_key(s, kind, name), per_rank, groups)
-            if bad is not None:
-                out.append((step_key(s, kind, name, across_ranks=True), bad))
+    out = judge_bitwise(case, of_results(results), BUFFERS)
     if not case.affine or len(results) != case.world_size:
         return out
     sum_truth = _sum_truth(sorted(results, key=lambda r: r.rank))
-    if sum_truth and all("shares" in r.across and "budgets" in r.across for r in results):
-        ranked = [r.across["budgets"] for r in sorted(results, key=lambda r: r.rank)]
+    if sum_truth and all(r.across.shares is not None and r.across.budgets is not None for r in results):
+        ranked = [r.across.budgets for r in sorted(results, key=lambda r: r.rank)]
         final = {s: {which: {"true": t["true"],
                              "tol": sum(sum_tolerance_of(case, ranked, abs_true, i, which)
                                         for i, abs_true in t["abs_true"].items()).tolist()}
                      for which, t in by_which.items()}
                  for s, by_which in sum_truth.items()}
-        out += judge_sums(final, [r.across["shares"] for r in results])
+        out += judge_sums(final, [r.across.shares for r in results])
     return out
 
 
@@ -141,7 +132,7 @@ def _sum_truth(ranked: list) -> Optional[dict]:
     """The true sums over the ranks of the gradient shares, from each rank's own true shares (in rank order, as
     the oracle sums them): ``{step: {which: {"true": [...], "abs_true": {inner step: [...]}}}}`` for the steps
     every rank judged, or None when a rank sent none."""
-    shares = [r.across.get("true_shares") for r in ranked]
+    shares = [r.across.true_shares for r in ranked]
     if not shares or any(t is None for t in shares):
         return None
     out: dict = {}

@@ -1,9 +1,13 @@
-"""What users do around a network holding SyncBN, for the model scenario (``Case.use``).
+"""What users do around a network holding SyncBN, for the model scenario (``Case.use``): one class per use.
 
 Each use changes how a rank runs a step, never what the float64 oracle
 expects: checkpointing, scripting and autocast must change nothing but
 rounding, and a gradient penalty is judged by the oracle's own second
-derivative.
+derivative. :class:`Use` is the plain network (every hook does what a
+training loop without the use does); each use overrides the hooks it
+changes, and :data:`BY_NAME` maps the catalog's names
+(:data:`harness.catalog.case.USES`, the one place they are spelled) to the
+instances. The model scenario asks for its case's use once (:func:`of`).
 
 - ``checkpoint-layer`` / ``checkpoint-block`` (``-reentrant`` for
   ``use_reentrant=True``): ``torch.utils.checkpoint`` around every SyncBN
@@ -33,11 +37,13 @@ derivative.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 
-from harness.catalog.case import USES  # noqa: F401 - the names, kept with the case's fields
+from harness.catalog.case import Case
+
 PENALTY = 0.5  # weight of the gradient penalty
 # Autocast rounds every layer's output to its dtype in the forward and every gradient in the backward, and the
 # weight gradients reduce products of two rounded operands, whose errors an element that cancels keeps whole:
@@ -50,93 +56,140 @@ PENALTY = 0.5  # weight of the gradient penalty
 AUTOCAST_SLACK = 8.0
 
 
-def checkpointing(case) -> Optional[tuple[str, bool]]:
-    """``(where, reentrant)`` for a checkpointing use ("layer" or "block"), else None."""
-    if not (case.use or "").startswith("checkpoint-"):
+class Use:
+    """The plain network: a training loop with no use around it. Subclasses override the hooks they change."""
+
+    def prepare_layer(self, module: torch.nn.Module) -> torch.nn.Module:
+        """A SyncBN layer as the network holds it."""
+        return module
+
+    def layer_call(self) -> Optional[Callable]:
+        """How the network calls each SyncBN layer, ``(module, x) -> y``; None: directly."""
         return None
-    parts = case.use.split("-")
-    return parts[1], parts[-1] == "reentrant"
 
-
-def autocast_dtype(case, device: str) -> Optional[torch.dtype]:
-    """The dtype autocast gives on ``device`` for an ``autocast`` case, else None."""
-    if case.use != "autocast":
-        return None
-    return torch.float16 if device == "cuda" else torch.bfloat16
-
-
-def forward_context(case, device: str):
-    """The context a rank's forward runs in (autocast, or nothing)."""
-    dtype = autocast_dtype(case, device)
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device, dtype=dtype)
-
-
-def layer_call(case):
-    """How the network calls each SyncBN layer: through ``checkpoint`` for ``checkpoint-layer``, else None."""
-    where = checkpointing(case)
-    if where is None or where[0] != "layer":
-        return None
-    from torch.utils.checkpoint import checkpoint
-
-    return lambda module, x: checkpoint(module, x, use_reentrant=where[1])
-
-
-def wrap_call(case, call):
-    """``call(model, x)`` as the use runs it: the whole forward checkpointed for ``checkpoint-block``."""
-    where = checkpointing(case)
-    if where is None or where[0] != "block":
+    def wrap_call(self, call: Callable) -> Callable:
+        """``call(model, x)`` as the use runs it."""
         return call
-    from torch.utils.checkpoint import checkpoint
 
-    return lambda model, x: checkpoint(call, model, x, use_reentrant=where[1])
+    def autocast_dtype(self, device: str) -> Optional[torch.dtype]:
+        """The dtype the forward is autocast to on ``device``; None: no autocast."""
+        return None
 
+    def forward_context(self, device: str):
+        """The context a rank's forward runs in (autocast, or nothing)."""
+        dtype = self.autocast_dtype(device)
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device, dtype=dtype)
 
-def prepare_layer(case, module):
-    """A SyncBN layer as the network holds it: scripted for ``script``, else ``module`` itself."""
-    if case.use == "script":
-        return torch.jit.script(module)
-    return module
+    def expected_dtype(self, device: str, layers, build_net) -> Optional[torch.dtype]:
+        """The output dtype of the same network with ``nn.BatchNorm2d`` under the use's autocast (None: none)."""
+        return None
 
-
-def backward(case, y: torch.Tensor, x: torch.Tensor, dy: torch.Tensor) -> Optional[torch.Tensor]:
-    """Backpropagate one rank's loss; for ``double-backward`` returns the penalized input gradient ``g``."""
-    if case.use != "double-backward":
+    def backward(self, y: torch.Tensor, x: torch.Tensor, dy: torch.Tensor) -> Optional[torch.Tensor]:
+        """Backpropagate one rank's loss ``sum(y * dy)``; a penalized input gradient to judge, or None."""
         y.backward(dy)
         return None
-    (g,) = torch.autograd.grad(y, x, grad_outputs=dy, create_graph=True)
-    ((y * dy).sum() + PENALTY * (g * g).sum()).backward()
-    return g
 
-
-def oracle_backward(case, ys: list, xs: list, gs: list) -> Optional[list]:
-    """The oracle's backward of every rank's loss at once (float64); the penalized input gradients, or None."""
-    if case.use != "double-backward":
+    def oracle_backward(self, ys: list, xs: list, gs: list) -> Optional[list]:
+        """The oracle's backward of every rank's loss at once (float64); the penalized input gradients, or None."""
         torch.autograd.backward(ys, gs)
         return None
-    loss = sum((y * g).sum() for y, g in zip(ys, gs))
-    grads = torch.autograd.grad(loss, xs, create_graph=True)
-    (loss + PENALTY * sum((g * g).sum() for g in grads)).backward()
-    return [g.detach() for g in grads]
+
+    def batches(self, case: Case, rank: int) -> int:
+        """How many of the case's steps rank ``rank`` has a batch for."""
+        return len(case.steps)
+
+    def active_ranks(self, case: Case, step: int) -> int:
+        """How many ranks (a prefix 0..n-1) still have a batch at ``step``."""
+        return sum(1 for r in range(case.world_size) if step < self.batches(case, r))
+
+    def around_steps(self, model):
+        """The context every step of a rank runs in (``model``: the network, or its DDP wrapper)."""
+        return contextlib.nullcontext()
 
 
-def batches(case, rank: int) -> int:
-    """How many of the case's steps rank ``rank`` has a batch for (all but under ``join``)."""
-    return len(case.steps) - rank if case.use == "join" else len(case.steps)
+@dataclass(frozen=True)
+class Checkpoint(Use):
+    """``torch.utils.checkpoint`` around every SyncBN layer (``where="layer"``) or the whole network
+    (``"block"``), with ``use_reentrant=reentrant``."""
+
+    where: str
+    reentrant: bool
+
+    def layer_call(self) -> Optional[Callable]:
+        if self.where != "layer":
+            return None
+        from torch.utils.checkpoint import checkpoint
+
+        return lambda module, x: checkpoint(module, x, use_reentrant=self.reentrant)
+
+    def wrap_call(self, call: Callable) -> Callable:
+        if self.where != "block":
+            return call
+        from torch.utils.checkpoint import checkpoint
+
+        return lambda model, x: checkpoint(call, model, x, use_reentrant=self.reentrant)
 
 
-def active_ranks(case, step: int) -> int:
-    """How many ranks (a prefix 0..n-1) still have a batch at ``step``."""
-    return sum(1 for r in range(case.world_size) if step < batches(case, r))
+class GradientPenalty(Use):
+    """``double-backward``: the loss plus ``PENALTY * sum(g ** 2)``, ``g`` the input gradient (create_graph)."""
+
+    def backward(self, y: torch.Tensor, x: torch.Tensor, dy: torch.Tensor) -> Optional[torch.Tensor]:
+        (g,) = torch.autograd.grad(y, x, grad_outputs=dy, create_graph=True)
+        ((y * dy).sum() + PENALTY * (g * g).sum()).backward()
+        return g
+
+    def oracle_backward(self, ys: list, xs: list, gs: list) -> Optional[list]:
+        loss = sum((y * g).sum() for y, g in zip(ys, gs))
+        grads = torch.autograd.grad(loss, xs, create_graph=True)
+        (loss + PENALTY * sum((g * g).sum() for g in grads)).backward()
+        return [g.detach() for g in grads]
 
 
-def expected_dtype(case, device: str, layers, build_net) -> Optional[torch.dtype]:
-    """The output dtype of the same network with ``nn.BatchNorm2d`` under the case's autocast (None: not one)."""
-    dtype = autocast_dtype(case, device)
-    if dtype is None:
-        return None
-    plain = build_net(lambda c: torch.nn.BatchNorm2d(c)).to(device)
-    x = torch.ones((2, layers[0][2], 3, 3), device=device)
-    with torch.no_grad(), torch.autocast(device_type=device, dtype=dtype):
-        return plain(x).dtype
+class Autocast(Use):
+    """``autocast``: the forward under ``torch.autocast`` (bfloat16 on CPU, float16 on CUDA)."""
+
+    def autocast_dtype(self, device: str) -> Optional[torch.dtype]:
+        return torch.float16 if device == "cuda" else torch.bfloat16
+
+    def expected_dtype(self, device: str, layers, build_net) -> Optional[torch.dtype]:
+        plain = build_net(lambda c: torch.nn.BatchNorm2d(c)).to(device)
+        x = torch.ones((2, layers[0][2], 3, 3), device=device)
+        with torch.no_grad(), torch.autocast(device_type=device, dtype=self.autocast_dtype(device)):
+            return plain(x).dtype
+
+
+class Script(Use):
+    """``script``: every SyncBN layer through ``torch.jit.script`` before training."""
+
+    def prepare_layer(self, module: torch.nn.Module) -> torch.nn.Module:
+        return torch.jit.script(module)
+
+
+class Join(Use):
+    """``join``: DDP's ``join()`` around the steps, rank ``r`` holding ``len(steps) - r`` batches."""
+
+    def batches(self, case: Case, rank: int) -> int:
+        return len(case.steps) - rank
+
+    def around_steps(self, model):
+        return model.join()
+
+
+PLAIN = Use()
+BY_NAME: dict[str, Use] = {
+    "checkpoint-layer": Checkpoint("layer", reentrant=False),
+    "checkpoint-layer-reentrant": Checkpoint("layer", reentrant=True),
+    "checkpoint-block": Checkpoint("block", reentrant=False),
+    "checkpoint-block-reentrant": Checkpoint("block", reentrant=True),
+    "double-backward": GradientPenalty(),
+    "autocast": Autocast(),
+    "script": Script(),
+    "join": Join(),
+}
+
+
+def of(case: Case) -> Use:
+    """The case's use (:data:`PLAIN` when it has none)."""
+    return PLAIN if case.use is None else BY_NAME[case.use]

@@ -37,17 +37,16 @@ from __future__ import annotations
 
 from typing import Optional
 
-from harness.catalog.case import CONVERSION_MODELS, Case
+from harness.catalog.case import CHECKPOINT_USES, CONVERSION_MODELS, USES, Case
 from harness.search.space import FAMILY, digest, split_label
 
-SYSTEMS = ("model", "ddp", "compile", "conversion", "validation", "activation-checkpoint", "double-backward",
-           "autocast", "script", "join")
+# The systems of the training uses (the catalog's names): every checkpointing use is one system, drawn
+# non-reentrant first (the plainer, for shrinking); every other use is a system of its own name.
+USE_OF = {"activation-checkpoint": tuple(sorted(CHECKPOINT_USES, key=lambda u: u.endswith("-reentrant"))),
+          **{u: (u,) for u in USES if u not in CHECKPOINT_USES}}
+SYSTEMS = ("model", "ddp", "compile", "conversion", "validation") + tuple(USE_OF)
 # What --scenario systems draws: every system but join, whose expected failure is a 15 s hang.
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s != "join")
-USE_OF = {"activation-checkpoint": ("checkpoint-layer", "checkpoint-block", "checkpoint-layer-reentrant",
-                                    "checkpoint-block-reentrant"),
-          "double-backward": ("double-backward",), "autocast": ("autocast",), "script": ("script",),
-          "join": ("join",)}
 # Smallest first. Not bn-chain: its first layers' exact affine gradients vanish (the next normalization removes
 # their shift and scale), so a rank holding the whole batch has a share of 0 whose rounding no relative budget
 # covers; the catalog runs it where every rank holds part of the batch.
@@ -130,7 +129,7 @@ def make_case(system: str, **fields) -> Case:
     if probe.optimizer:
         tags.append(probe.optimizer)
     tags += [f"compile-{b}" for b in probe.compile]
-    if probe.use and probe.use.startswith("checkpoint-"):
+    if probe.use in CHECKPOINT_USES:
         tags.append(probe.use)
     cid = (f"{FAMILY}/system/{system}/{probe.model}/{probe.dtype}/{split_label(probe.batch_sizes)}/"
            f"{'+'.join(tags) or 'plain'}/{'-'.join(probe.steps)}/ws{probe.world_size}-{digest(probe)}")
