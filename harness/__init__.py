@@ -4,6 +4,7 @@ The package, lowest layer first (a module imports only from layers below it; tes
 
 - :mod:`~harness.errors` (errors a user can fix), :mod:`~harness.paths` (where things live, every
   ``SYNCBN_HARNESS_*`` variable);
+- :mod:`~harness.procs`: child processes in sessions of their own, stopped as a group, always reaped;
 - :mod:`~harness.cache`: what the cache holds, and pruning it;
 - :mod:`~harness.slices`: large tensors a batch slice at a time;
 - :mod:`~harness.catalog` (with ``cases/``): the cases and selection over them;
@@ -25,5 +26,5 @@ The package, lowest layer first (a module imports only from layers below it; tes
 
 __version__ = "0.2.0"
 
-# Version of the record format (harness.records); bump on any incompatible change.
+# Version of the record format (harness.results.records); bump on any incompatible change.
 SCHEMA_VERSION = 2
