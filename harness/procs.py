@@ -65,6 +65,8 @@ class Group:
 
     def __init__(self, cmd: list[str], *, env: Optional[dict] = None, cwd=None, stdout: Optional[IO] = None,
                  stderr=None, input: Output = None, text: bool = True):
+        if subprocess.PIPE in (stdout, stderr):
+            raise ValueError("a pipe nobody reads can block the child: leave stdout/stderr None to capture them")
         self.cmd, self.text = list(cmd), text
         self._stdin = tempfile.TemporaryFile()
         if input is not None:
