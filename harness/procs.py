@@ -44,8 +44,9 @@ class Finished:
 
     ``code`` is its exit code, or minus the signal that ended it (as :mod:`subprocess` says it); ``out`` and
     ``err`` are what it wrote when captured (``None`` where it wrote elsewhere); ``peak_mib`` is the leader's
-    peak resident memory (its children not counted); ``pid`` was its process id, and so the id of the session
-    it led (:func:`in_session` tells what of it still runs)."""
+    peak resident memory (its children not counted; Linux carries the starting process's size across the fork
+    and exec, so it is never below this process's size then: measure from a small parent); ``pid`` was its
+    process id, and so the id of the session it led (:func:`in_session` tells what of it still runs)."""
 
     pid: int
     code: int
