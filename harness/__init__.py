@@ -4,6 +4,7 @@ The package, lowest layer first (a module imports only from layers below it; tes
 
 - :mod:`~harness.errors` (errors a user can fix), :mod:`~harness.paths` (where things live, every
   ``SYNCBN_HARNESS_*`` variable);
+- :mod:`~harness.procs`: child processes in sessions of their own, stopped as a group, always reaped;
 - :mod:`~harness.cache`: what the cache holds, and pruning it;
 - :mod:`~harness.slices`: large tensors a batch slice at a time;
 - :mod:`~harness.catalog` (with ``cases/``): the cases and selection over them;

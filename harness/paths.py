@@ -7,11 +7,8 @@ variables itself.
 ==============================  ==========================================  ======================================
 variable                        what it sets                                default
 ==============================  ==========================================  ======================================
-``SYNCBN_HARNESS_CACHE``        the cache: built kernels (``kernels/``),     ``$XDG_CACHE_HOME/syncbn-harness``, else
-                                bisection environments (``envs/``),         ``~/.cache/syncbn-harness``
-                                overlays, verdicts and stores (``bisect/``),
-                                inductor's compiled code (``inductor/``),
-                                a failing case's rank logs (``logs/``)
+``SYNCBN_HARNESS_CACHE``        the cache: one folder per kind of entry,    ``$XDG_CACHE_HOME/syncbn-harness``, else
+                                named in :data:`CACHE_FOLDERS` (below)      ``~/.cache/syncbn-harness``
 ``SYNCBN_HARNESS_STORE``        the results store of ``run``, ``check``...   ``./results``
 ``SYNCBN_HARNESS_REPORTS``      where ``report`` writes                     ``./reports``
 ``SYNCBN_HARNESS_FOUND``        the file of cases promoted from a search    ``search_found.json`` beside the catalog
@@ -26,6 +23,13 @@ variable                        what it sets                                defa
                                 at which the process kills itself with
                                 SIGKILL (:func:`kill_point`)
 ==============================  ==========================================  ======================================
+
+The cache's folders (:data:`CACHE_FOLDERS`, kind -> folder): built kernels
+(``kernels/``), bisection environments (``envs/``), overlaid commits
+(``overlays/``), inductor's compiled code (``inductor/``), a bisection's
+verdicts and stores (``bisect/``), a failing case's rank logs (``logs/``),
+torchrun's job folders (``torchrun/``), the stores' indexes (``indexes/``),
+uv's cache of unpacked wheels (``uv/``) and apex builds (``apex/``).
 
 Protocol: each function reads its variable when called (never at import),
 so a test or a child process that sets one sees it. (``.ci/gpu-suite.sh``

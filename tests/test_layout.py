@@ -24,6 +24,7 @@ MAX_LINES = 420
 # ``__init__`` (its version). Units on one row are peers: they do not import each other.
 LAYERS = [
     ("harness", "errors", "paths"),  # version, the error types, where things live
+    ("procs",),                      # child processes in sessions of their own, stopped and reaped
     ("cache",),                      # what the cache holds, listed and pruned
     ("slices",),                     # large tensors worked a batch slice at a time
     ("catalog", "cases"),            # the case type and the families (registration by import: the one circle)

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from harness import procs
 from harness.engine.forkserver import LIGHT_FAMILIES
 from harness.errors import UsageError
 
@@ -170,22 +171,16 @@ def time_command(tree: Tree, args: list[str], scratch: Path) -> tuple[float, Opt
     the rate a search reports (None for other commands)."""
     store = Path(tempfile.mkdtemp(prefix="store-", dir=scratch))
     cmd = tree.command(args, store)
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=scratch, env={**os.environ, **tree.env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        stdout, stderr = proc.communicate(timeout=COMMAND_TIMEOUT_S)
-    except BaseException:  # a timeout, Ctrl-C: the command's whole session goes
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise
-    elapsed = time.perf_counter() - t0
-    await_quiet(proc.pid)
+    done = procs.run_group(cmd, timeout=COMMAND_TIMEOUT_S, cwd=scratch, env={**os.environ, **tree.env})
+    if done.timed_out:
+        raise RuntimeError(f"{tree.label}: `{' '.join(cmd)}` took more than {COMMAND_TIMEOUT_S}s")
+    elapsed, stdout, stderr = done.wall_s, done.out, done.err
+    await_quiet(done.pid)
     shutil.rmtree(store, ignore_errors=True)
     # Exit 1 is a finding, not a failure of the bench; a traceback is (Python exits 1 on an uncaught exception).
-    if proc.returncode not in (0, 1) or "Traceback (most recent call last)" in (stderr or ""):
+    if done.code not in (0, 1) or "Traceback (most recent call last)" in (stderr or ""):
         tail = "\n".join((stderr or stdout).strip().splitlines()[-15:])
-        raise RuntimeError(f"{tree.label}: `{' '.join(cmd)}` exited {proc.returncode}:\n{tail}")
+        raise RuntimeError(f"{tree.label}: `{' '.join(cmd)}` exited {done.code}:\n{tail}")
     rate = SEARCH_RATE.search(stdout or "") if args[0] == "search" else None
     return elapsed, float(rate.group(1)) if rate else None
 
@@ -196,30 +191,14 @@ def await_quiet(session: int, timeout: float = QUIET_TIMEOUT_S) -> None:
     after ``timeout`` seconds the stragglers are killed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _running_in(session):
+        if not procs.in_session(session):
             return
         time.sleep(0.01)
-    for pid in _running_in(session):
+    for pid in procs.in_session(session):
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-
-
-def _running_in(session: int) -> list[int]:
-    """Pids of the live (not zombie) processes whose session is ``session``."""
-    pids = []
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[3]) == session:
-            pids.append(int(entry))
-    return pids
 
 
 def bench_run(baseline: Optional[str], figures: tuple[str, ...], repeat: int, warmup: bool,

@@ -10,7 +10,7 @@ build is the commit in ``torch_git_version``), each case made unique per build
 them to count.
 
 Per size, each command runs in a child process of its own (its peak resident
-memory read from ``wait4``), with the same interpreter:
+memory as :func:`harness.procs.run_group` reads it), with the same interpreter:
 
 - ``report (first)``: ``report`` on a store never indexed: the first indexing
   plus the report;
@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
+from harness import procs
 from harness.bench.commands import ROOT, Tree, export_baseline, python_path, repository_root
 from harness.errors import UsageError
 from harness.results.store import Store, build_key
@@ -54,9 +55,10 @@ def templates(source: Optional[str], scratch: Path, echo: Callable[[str], None])
         echo(f"making template records: run --impl reference --impl torch {' '.join(TEMPLATE_CASES)}")
         cmd = [sys.executable, "-m", "harness", "run", "--device", "cpu", "--impl", "reference", "--impl", "torch",
                "--no-diagnose", "--store", source, *[a for c in TEMPLATE_CASES for a in ("--case", c)]]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S)
-        if proc.returncode not in (0, 1):
-            raise RuntimeError(f"the template run failed ({proc.returncode}): {proc.stderr[-2000:]}")
+        done = procs.run_group(cmd, timeout=TIMEOUT_S)
+        if done.timed_out or done.code not in (0, 1):
+            raise RuntimeError(f"the template run failed ({'timed out' if done.timed_out else done.code}): "
+                               f"{done.err[-2000:]}")
     records = Store(source).read()
     if not records:
         raise UsageError(f"--from {source} holds no records: give a store that a run wrote")
@@ -86,26 +88,13 @@ def make_store(path: Path, lines: list[bytes], records: int, builds: int) -> int
 def measure(tree: Tree, args: list[str], cwd: Path) -> tuple[float, float]:
     """Wall seconds and peak resident MiB (``wait4``'s ``ru_maxrss``) of ``python -m harness ARGS`` in ``tree``."""
     cmd = [sys.executable, "-m", "harness", *args]
-    with tempfile.TemporaryFile() as err:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=cwd, env={**os.environ, **tree.env}, stdout=subprocess.DEVNULL, stderr=err)
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() - t0 > TIMEOUT_S:
-                proc.kill()
-                os.wait4(proc.pid, 0)
-                proc.returncode = -9
-                raise RuntimeError(f"{tree.label}: `{' '.join(args)}` took more than {TIMEOUT_S}s")
-            time.sleep(0.02)
-        wall = time.perf_counter() - t0
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
-        if proc.returncode not in (0, 1):
-            err.seek(0)
-            raise RuntimeError(f"{tree.label}: `{' '.join(args)}` exited {proc.returncode}: "
-                               f"{err.read().decode(errors='replace')[-1500:]}")
-    return wall, usage.ru_maxrss / 1024
+    done = procs.run_group(cmd, timeout=TIMEOUT_S, cwd=cwd, env={**os.environ, **tree.env},
+                           stdout=subprocess.DEVNULL)
+    if done.timed_out:
+        raise RuntimeError(f"{tree.label}: `{' '.join(args)}` took more than {TIMEOUT_S}s")
+    if done.code not in (0, 1):
+        raise RuntimeError(f"{tree.label}: `{' '.join(args)}` exited {done.code}: {done.err[-1500:]}")
+    return done.wall_s, done.peak_mib
 
 
 def bench_store(sizes: tuple[int, ...], builds: int, source: Optional[str], baseline: Optional[str],

@@ -1,56 +1,42 @@
-"""Child processes of a bisection: each in its own process group, with a time limit, reaped on any exit.
+"""Child processes of a bisection and of the history: a timeout raised, as the callers expect; short output tails.
 
-A pip install or a ``run`` in another build may start children of its own;
-on a timeout, an exception or Ctrl-C the whole group is killed with SIGKILL
-and reaped, so nothing outlives the bisection.
+Each child runs under :func:`harness.procs.run_group` (its own process group,
+killed whole with SIGKILL and reaped on a timeout, an exception or Ctrl-C, so
+nothing outlives the bisection); here a timeout becomes
+:class:`subprocess.TimeoutExpired`, which the bisection's callers turn into
+their own errors, and a child's output becomes a one-line tail for messages.
 """
 
 from __future__ import annotations
 
 import datetime
-import os
-import signal
 import subprocess
 from typing import Optional
 
+from harness import procs
 
-def run_group(cmd: list[str], *, timeout: float, **kw) -> int:
-    """Run ``cmd`` in its own process group; on timeout kill the whole group, reap it and re-raise."""
-    proc = subprocess.Popen(cmd, start_new_session=True, **kw)
-    try:
-        return proc.wait(timeout=timeout)
-    except BaseException:
-        kill_group(proc)
-        raise
+
+def run_group(cmd: list[str], *, timeout: float, env: Optional[dict] = None, cwd: Optional[str] = None,
+              stdout=None, stderr=None) -> int:
+    """Run ``cmd`` in its own process group, output to ``stdout``/``stderr`` (files); its exit code. Past
+    ``timeout`` the whole group is killed and reaped and :class:`subprocess.TimeoutExpired` raised."""
+    done = procs.run_group(cmd, timeout=timeout, env=env, cwd=cwd, stdout=stdout, stderr=stderr)
+    if done.timed_out:
+        raise subprocess.TimeoutExpired(cmd, timeout)
+    return done.code
 
 
 def run(cmd: list[str], *, timeout: float, env: Optional[dict] = None, cwd: Optional[str] = None,
         input=None, text: bool = True) -> subprocess.CompletedProcess:
-    """Run ``cmd`` capturing its output, in its own process group, killed and reaped on timeout.
+    """Run ``cmd`` capturing its output, in its own process group; past ``timeout`` the whole group is killed and
+    reaped and :class:`subprocess.TimeoutExpired` raised.
 
     ``input`` (str, or bytes with ``text=False``) is written to its stdin; ``text=False`` returns bytes.
     """
-    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE if input is not None else None, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=text, env=env, cwd=cwd, start_new_session=True)
-    try:
-        out, err = proc.communicate(input=input, timeout=timeout)
-    except BaseException:
-        kill_group(proc)
-        raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL ``proc``'s process group and reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.communicate(timeout=10)
-    except (subprocess.TimeoutExpired, ValueError):
-        proc.kill()
-        proc.wait(timeout=10)
+    done = procs.run_group(cmd, timeout=timeout, env=env, cwd=cwd, input=input, text=text)
+    if done.timed_out:
+        raise subprocess.TimeoutExpired(cmd, timeout, done.out, done.err)
+    return subprocess.CompletedProcess(cmd, done.code, done.out, done.err)
 
 
 def tail(text: str, n: int) -> str:
@@ -70,4 +56,5 @@ def tail(text: str, n: int) -> str:
 
 
 def now() -> str:
+    """The time now, UTC, to the second (ISO 8601): when an environment or a verdict was made."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

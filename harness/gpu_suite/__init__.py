@@ -15,8 +15,8 @@ with two ranks on one GPU (:mod:`~harness.gpu_suite.nccl_probe`). Every
 table of a run is made from its raw files (:mod:`~harness.gpu_suite.tables`),
 and a run's raw files are filed in the repository, where the pages that
 cite them are checked against them (:mod:`~harness.gpu_suite.evidence`). A machine where the suite
-cannot run (no GPU, a CPU-only torch, no CUDA toolkit) is a failure (exit 3)
-with the reason, never a skip.
+cannot run (no GPU, a CPU-only torch, no CUDA toolkit) is a failure of the
+harness (exit 3, :data:`~harness.errors.EXIT_HARNESS`) with the reason, never a skip.
 
 A missing optional input (no apex checkout, no ``ncu``, one GPU where nccl
 needs two) leaves its steps ``not run`` with the reason; the rest runs.
@@ -33,16 +33,15 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from harness.gpu_suite import machine as machine_mod
+from harness.errors import EXIT_HARNESS
+from harness.gpu_suite.machine import Machine, describe
 from harness.gpu_suite.pack import clear, pack
-from harness.gpu_suite.runner import run_steps
+from harness.gpu_suite.runner import Outcome, run_steps
 from harness.gpu_suite.steps import Inputs, plan
-
-EXIT_CANNOT_RUN = 3
 
 
 @dataclass(frozen=True)
@@ -85,20 +84,19 @@ def tests_folder() -> Optional[Path]:
     return here if (here / "kernels" / "test_cuda_kernels.py").is_file() else None
 
 
-def inputs(opts: SuiteOptions, work: Path, machine: dict) -> Inputs:
+def inputs(opts: SuiteOptions, work: Path, machine: Machine) -> Inputs:
     """The plan's inputs on this machine (apex's built-extension path is known before it is built)."""
     apex_path, apex_missing = None, apex_problem(opts.apex_src)
     apex_src = opts.apex_src if apex_missing is None else None
     if apex_src:
         from harness.impls.apex_build import build_dir, pythonpath
 
-        apex_path = pythonpath(apex_src, build_dir(apex_src.resolve(), machine_mod.archs(machine)))
+        apex_path = pythonpath(apex_src, build_dir(apex_src.resolve(), machine.archs))
     emulated = opts.emulated if opts.emulated and opts.emulated.is_dir() else None
-    nccl = tuple(machine["nccl"]) if machine.get("nccl") else None
-    return Inputs(work=work, arch=machine_mod.archs(machine) or "<arch of this GPU>", gpus=len(machine["gpus"]),
+    return Inputs(work=work, arch=machine.archs or "<arch of this GPU>", gpus=len(machine.gpus),
                   python=sys.executable, tests=tests_folder(), apex_src=apex_src, apex_pythonpath=apex_path,
                   apex_missing=apex_missing, emulated=emulated, repros=repro_files(opts.repros),
-                  ncu=machine.get("ncu"), nccl=nccl)
+                  ncu=machine.ncu, nccl=machine.nccl or None)
 
 
 class _Console:
@@ -125,26 +123,26 @@ def run_suite(opts: SuiteOptions) -> int:
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     work = opts.work or Path(tempfile.mkdtemp(prefix="syncbn-gpu-suite-"))
     work.mkdir(parents=True, exist_ok=True)
-    machine = None
+    machine: Optional[Machine] = None
     try:
-        machine = machine_mod.describe()
-        gpus = ", ".join(g["name"] for g in machine["gpus"]) or "no GPU"
-        echo(f"[gpu-suite] {date}: {gpus}; torch {machine['torch']} (CUDA {machine['torch_cuda']}); "
+        machine = describe()
+        gpus = ", ".join(g.name for g in machine.gpus) or "no GPU"
+        echo(f"[gpu-suite] {date}: {gpus}; torch {machine.torch} (CUDA {machine.torch_cuda}); "
              f"budget {opts.budget_s:.0f}s; each step's command and log: steps.json, suite.tar.gz")
-        reason = machine_mod.cannot_run(machine)
+        reason = machine.cannot_run()
         if reason:
             echo(f"[gpu-suite] cannot run here: {reason}")
-            return EXIT_CANNOT_RUN
+            return EXIT_HARNESS
         if opts.emulated and not opts.emulated.is_dir():
             echo(f"[gpu-suite] --emulated {opts.emulated}: no such store; the cpu-emulation records are made here")
-        env = {**os.environ, "TORCH_CUDA_ARCH_LIST": machine_mod.archs(machine), "PYTHONUNBUFFERED": "1"}
-        env.setdefault("CUDA_HOME", machine["cuda_home"])
-        header = {"date": date, "gpus": machine["gpus"], "torch": machine["torch"],
-                  "harness_commit": machine["harness"]["commit"], "harness_tree_clean": machine["harness"]["clean"]}
+        env = {**os.environ, "TORCH_CUDA_ARCH_LIST": machine.archs, "PYTHONUNBUFFERED": "1"}
+        env.setdefault("CUDA_HOME", machine.cuda_home)
+        header = {"date": date, "gpus": [asdict(g) for g in machine.gpus], "torch": machine.torch,
+                  "harness_commit": machine.harness.commit, "harness_tree_clean": machine.harness.clean}
         steps = plan(inputs(opts, work, machine))
         planned_out = {s.skip for s in steps if s.skip}  # cannot run on this machine: said, not failed
         outcomes = run_steps(steps, work, env, opts.budget_s, header=header, echo=echo)
-        bad = [o for o in outcomes if not o.ok and not (o.outcome == "not run" and o.reason in planned_out)]
+        bad = [o for o in outcomes if not o.ok and not (o.outcome is Outcome.NOT_RUN and o.reason in planned_out)]
         echo("[gpu-suite] " + ("every step passed" if not bad else
                                "not passed: " + "; ".join(f"{o.step} ({o.outcome})" for o in bad)))
         return 1 if bad else 0

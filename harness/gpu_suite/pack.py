@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from harness.gpu_suite import tables
+from harness.gpu_suite.machine import Machine
 
 FILES = ("suite.tar.gz", "steps.json", "summary.md", "machine.json", "bench.json", "console.txt", "records.csv",
          "pytest-cuda.xml")
@@ -40,12 +41,12 @@ def clear(out: Path) -> None:
             (out / name).unlink(missing_ok=True)
 
 
-def pack(work: Path, out: Path, machine: Optional[dict], date: str) -> list[Path]:
+def pack(work: Path, out: Path, machine: Optional[Machine], date: str) -> list[Path]:
     """Write ``machine.json``, ``records.csv`` and the summary into ``work``, copy the small files and tar the work
     folder into ``out``; the files written."""
     out.mkdir(parents=True, exist_ok=True)
     if machine is not None:
-        (work / "machine.json").write_text(json.dumps(machine, indent=2), encoding="utf-8")
+        (work / "machine.json").write_text(json.dumps(machine.to_json(), indent=2), encoding="utf-8")
     records_csv(work, work / "records.csv")
     (work / "summary.md").write_text(tables.summary(work, date), encoding="utf-8")
     for name in COPIED:

@@ -35,11 +35,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+from harness import procs
+
 SHOWS, ABSENT, CANNOT, NOT_RUN, BROKEN = "shows", "does not show", "could not run", "not run", "broken"
 LINES = {SHOWS: ("SYMPTOM SHOWS", 1), ABSENT: ("no symptom", 0), CANNOT: ("OTHER", 2)}
 PARALLEL = 3  # files at once: each spawns two to four ranks, beside the suite's other steps
 TIMEOUT_S = 120
-_running: set = set()  # the files' processes now running (each leads its own process group)
+_running: set[procs.Group] = set()  # the files now running (each leads its own process group)
 _running_lock = threading.Lock()
 
 
@@ -99,38 +101,27 @@ def run_one(path: Path, env: dict, log: Path, timeout_s: float = TIMEOUT_S) -> V
         return Verdict(path.name, NOT_RUN, None, 0.0, f"needs {', '.join(missing)}, not installed here", [])
     t0 = time.monotonic()
     with open(log, "w", encoding="utf-8") as out:
-        proc = subprocess.Popen([sys.executable, str(path)], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        group = procs.Group([sys.executable, str(path)], stdout=out, stderr=subprocess.STDOUT, env=env)
         with _running_lock:
-            _running.add(proc)
+            _running.add(group)
         try:
-            code: Optional[int] = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            code = None
+            code = group.wait(timeout_s)  # None: past its limit
         finally:
-            _kill_group(proc)  # its ranks too, whatever they were doing
-            proc.wait()
+            group.stop()  # its ranks too, whatever they were doing; reaped
             with _running_lock:
-                _running.discard(proc)
+                _running.discard(group)
     text = log.read_text(encoding="utf-8", errors="replace")
     verdict, line = judge(code, text)
     tail = [x for x in text.splitlines() if x.strip()][-4:]
     return Verdict(path.name, verdict, code, round(time.monotonic() - t0, 1), line, tail)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 def stop_all() -> None:
     """Kill every file's process group still running (the files run in sessions of their own, which a signal to
     this process's group does not reach)."""
     with _running_lock:
-        for proc in list(_running):
-            _kill_group(proc)
+        for group in list(_running):
+            group.signal(signal.SIGKILL)
 
 
 def run_all(paths: list[Path], logs: Path, env: dict, parallel: int = PARALLEL, timeout_s: float = TIMEOUT_S,

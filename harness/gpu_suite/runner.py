@@ -26,24 +26,36 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 from dataclasses import asdict, dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Callable, Optional
 
+from harness import procs
 from harness.gpu_suite.steps import KILL_AFTER_S, Step, step_limit
 
-PASSED, FAILED, TIMED_OUT, NOT_RUN = "passed", "failed", "timed out", "not run"
+
+
+class Outcome(str, Enum):
+    """How a step ended. A ``str`` whose value is what ``steps.json`` holds (JSON writes it as that string)."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    TIMED_OUT = "timed out"
+    NOT_RUN = "not run"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
-class Outcome:
-    """What one step did."""
+class StepResult:
+    """What one step did (a row of ``steps.json``, written with :func:`dataclasses.asdict`)."""
 
     step: str
-    outcome: str  # passed | failed | timed out | not run
+    outcome: Outcome
     exit: Optional[int]
     seconds: float
     limit_s: int
@@ -53,7 +65,7 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return self.outcome == PASSED
+        return self.outcome is Outcome.PASSED
 
 
 class _Child:
@@ -71,9 +83,9 @@ class _Child:
             old = child_env.get(key)
             child_env[key] = f"{value}{os.pathsep}{old}" if key == "PYTHONPATH" and old and value else value
         try:
-            self.proc = subprocess.Popen(step.argv, stdout=self.out or self.log, stderr=subprocess.STDOUT if
-                                         self.out is None else self.log, stdin=subprocess.DEVNULL, env=child_env,
-                                         cwd=cwd, start_new_session=True)
+            self.proc: Optional[procs.Group] = procs.Group(
+                step.argv, stdout=self.out or self.log, stderr=subprocess.STDOUT if self.out is None else self.log,
+                env=child_env, cwd=cwd)
             self.error = None
         except OSError as exc:
             self.proc, self.error = None, exc
@@ -90,45 +102,28 @@ class _Child:
     def settle(self) -> None:
         """Wait for the step to end by itself or reach its deadline (its outcome is taken later, by wait)."""
         if self.proc is not None:
-            try:
-                self.proc.wait(timeout=max(0.0, self.t0 + self.limit_s - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+            self.proc.wait(self.t0 + self.limit_s - time.monotonic())
 
-    def wait(self) -> Outcome:
+    def wait(self) -> StepResult:
         """Wait for the step (to its deadline), stop its group past it; its outcome."""
-        code, outcome = None, FAILED
+        code, outcome = None, Outcome.FAILED
         if self.proc is not None:
-            try:
-                code = self.proc.wait(timeout=max(0.0, self.t0 + self.limit_s - time.monotonic()))
-                outcome = PASSED if code in self.step.ok_exits else FAILED
-            except subprocess.TimeoutExpired:
+            code = self.proc.wait(self.t0 + self.limit_s - time.monotonic())
+            if code is not None:
+                outcome = Outcome.PASSED if code in self.step.ok_exits else Outcome.FAILED
+            else:
                 self.stop()
-                code, outcome = self.proc.returncode, TIMED_OUT
+                code, outcome = self.proc.code, Outcome.TIMED_OUT
                 self.log.write(f"\n[gpu-suite] stopped at its limit of {self.limit_s}s\n")
         self.close()
         end = self.t_end if self.t_end is not None else time.monotonic()
-        return Outcome(self.step.name, outcome, code, round(end - self.t0, 1), self.limit_s,
+        return StepResult(self.step.name, outcome, code, round(end - self.t0, 1), self.limit_s,
                        self.step.log, list(self.step.argv))
 
     def stop(self) -> None:
         """SIGTERM the step's group, SIGKILL it if it is still there after the grace."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        for sig, grace in ((signal.SIGTERM, KILL_AFTER_S), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                self.proc.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:  # what is left of the group (a rank that outlived its parent)
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        if self.proc is not None:
+            self.proc.stop(term_grace=KILL_AFTER_S)
 
     def close(self) -> None:
         for f in (self.log, self.out):
@@ -157,27 +152,27 @@ def _waves(steps: list[Step]) -> list[list[Step]]:
 
 
 def run_steps(steps: list[Step], work: Path, env: dict, budget_s: float, *, header: dict,
-              cwd: Optional[Path] = None, echo: Callable[[str], None] = print) -> list[Outcome]:
+              cwd: Optional[Path] = None, echo: Callable[[str], None] = print) -> list[StepResult]:
     """Run ``steps`` (see the module docstring) within ``budget_s``; every outcome, in plan order, also written to
     ``work/steps.json``."""
     deadline = time.monotonic() + budget_s
-    outcomes: list[Outcome] = []
-    by_name: dict[str, Outcome] = {}
+    outcomes: list[StepResult] = []
+    by_name: dict[str, StepResult] = {}
     ahead: dict[str, _Child] = {}  # started ahead of their turn (early, starts_with), not joined yet
     current: list[_Child] = []  # the wave being waited for
     failed_required: list[str] = []
 
-    def record(o: Outcome) -> None:
+    def record(o: StepResult) -> None:
         outcomes.append(o)
         by_name[o.step] = o
         (work / "steps.json").write_text(json.dumps({**header, "budget_s": budget_s,
                                                      "steps": [asdict(x) for x in outcomes]}, indent=2))
         tail = f": {o.reason}" if o.reason else ""
         echo(f"[gpu-suite] {o.step}: {o.outcome}" + (f" (exit {o.exit})" if o.exit not in (0, None) else "")
-             + (f" in {o.seconds:.0f}s of {o.limit_s}s" if o.outcome != NOT_RUN else tail))
+             + (f" in {o.seconds:.0f}s of {o.limit_s}s" if o.outcome is not Outcome.NOT_RUN else tail))
 
-    def not_run(step: Step, reason: str) -> Outcome:
-        return Outcome(step.name, NOT_RUN, None, 0.0, 0, step.log, list(step.argv), reason)
+    def not_run(step: Step, reason: str) -> StepResult:
+        return StepResult(step.name, Outcome.NOT_RUN, None, 0.0, 0, step.log, list(step.argv), reason)
 
     def why_not(step: Step) -> str:
         """Why ``step`` cannot start now (its budget aside), or ''."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from cli_here import run_here
 
 from harness.errors import UsageError
 from harness.gpu_suite import evidence, nccl_probe, repros, tables
+from harness.gpu_suite.machine import Gpu, Machine, Provenance
 from harness.gpu_suite.pack import pack
 from harness.gpu_suite.runner import run_steps
 from harness.gpu_suite.steps import Step
@@ -53,9 +56,10 @@ def packed(tmp_path_factory):
     steps = [Step("bench kernels", ("sh", "-c", f"echo '{json.dumps(BENCH)}'"), "bench.txt", 10, stdout="bench.json"),
              Step("ncu profile", ("true",), "ncu.txt", 10, skip="no Nsight Compute (ncu) on this machine")]
     run_steps(steps, work, dict(os.environ), 300, header={"gpus": []}, echo=lambda _: None)
-    machine = {"gpus": [{"name": "NVIDIA H200", "capability": "9.0", "memory_gib": 139.8, "multiprocessors": 132}],
-               "torch": "2.11.0+cu130", "torch_git": "70d99e998b49aa", "torch_cuda": "13.0", "nccl": [2, 28, 9],
-               "harness": {"commit": "abc123", "clean": True, "source": "git"}}
+    machine = Machine(gpus=(Gpu("NVIDIA H200", "9.0", 139.8, 132),), driver="580.95", torch="2.11.0+cu130",
+                      torch_git="70d99e998b49aa", torch_cuda="13.0", nvcc=None, cuda_home="/usr/local/cuda",
+                      python="3.11.7", python_executable=sys.executable, cpus=16, platform="Linux", nccl=(2, 28, 9),
+                      ncu=None, harness=Provenance("abc123", True, "git"))
     out.mkdir()
     (out / "console.txt").write_text("[gpu-suite] what the suite printed\n")  # the suite's own, beside the pack
     pack(work, out, machine, "2026-11-28 20:00 UTC")
@@ -151,3 +155,19 @@ def test_gpu_results_cites_every_filed_run_and_agrees_with_its_files():
     pages = [p for p in (ROOT / "docs").glob("*.md") if evidence.blocks(p.read_text())]
     assert page in pages and len(pages) >= 2  # gpu-results.md, reference-kernels.md
     assert [problem for p in pages for problem in evidence.check_page(p, ROOT)] == []
+
+
+def test_the_filed_machine_files_have_the_shape_a_machine_writes():
+    """``machine.json`` is written from :class:`Machine`; the runs filed before it was a dataclass read the same."""
+    one = Machine(gpus=(Gpu("g", "9.0", 1.0, 1),), driver=None, torch="t", torch_git=None, torch_cuda=None,
+                  nvcc=None, cuda_home=None, python="3", python_executable="p", cpus=1, platform="x", nccl=(2, 28, 9),
+                  ncu=None, harness=Provenance(None, None, "s"))
+    written = json.loads(json.dumps(one.to_json()))
+    assert written["gpus"] == [asdict(one.gpus[0])] and written["nccl"] == [2, 28, 9]
+    filed = sorted(ROOT.joinpath("docs", "gpu-runs").glob("*/machine.json"))
+    assert filed, "no machine.json filed under docs/gpu-runs/"
+    for path in filed:
+        got = json.loads(path.read_text())
+        assert set(got) == set(written), f"{path}: {sorted(set(got) ^ set(written))}"
+        assert all(set(g) == set(written["gpus"][0]) for g in got["gpus"]), path
+        assert set(got["harness"]) == set(written["harness"]), path

@@ -13,11 +13,15 @@ import tarfile
 
 from cli_here import run_here
 
+from harness.gpu_suite.machine import Machine, Provenance
 from harness.gpu_suite.pack import FILES, clear, pack
 from harness.gpu_suite.runner import run_steps
 from harness.gpu_suite.steps import Step
 
 NAME = re.compile(r"^[A-Za-z0-9._-]+$")
+NO_GPU = Machine(gpus=(), driver=None, torch="x", torch_git=None, torch_cuda=None, nvcc=None, cuda_home=None,
+                 python="3", python_executable="python3", cpus=2, platform="Linux", nccl=None, ncu=None,
+                 harness=Provenance(None, None, "unknown"))
 
 
 def test_a_failed_and_a_stopped_step_still_leave_every_file(tmp_path):
@@ -35,7 +39,7 @@ def test_a_failed_and_a_stopped_step_still_leave_every_file(tmp_path):
     (out / "summary.md").write_text("an old summary\n")
     clear(out)
     assert sorted(p.name for p in out.iterdir()) == ["console.txt"]  # old results gone, the console kept
-    written = pack(work, out, {"gpus": [], "torch": "x"}, "2026-11-26")
+    written = pack(work, out, NO_GPU, "2026-11-26")
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(p.name for p in written) and len(names) <= 8 and set(names) <= set(FILES)
     assert all(NAME.match(n) and (out / n).is_file() and (out / n).stat().st_size < 16 * 2**20 for n in names)

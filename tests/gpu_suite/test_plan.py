@@ -195,13 +195,13 @@ def test_every_harness_command_of_the_plan_parses_with_this_cli(tmp_path):
 def test_the_harness_commit_is_the_callers_where_given_else_gits(monkeypatch, tmp_path):
     """A copy on a lent machine carried a .git naming the session's first commit (2026-11-28): the commit the
     caller gives wins; without one, this checkout's git is read."""
-    from harness.gpu_suite.machine import CLEAN_ENV, COMMIT_ENV, provenance
+    from harness.gpu_suite.machine import CLEAN_ENV, COMMIT_ENV, Provenance, provenance
 
     monkeypatch.delenv(COMMIT_ENV, raising=False)
     monkeypatch.delenv(CLEAN_ENV, raising=False)
     here = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    assert provenance(ROOT) == {**provenance(ROOT), "commit": here, "source": "git"}
-    assert provenance(tmp_path)["commit"] is None and "unknown" in provenance(tmp_path)["source"]
+    assert (provenance(ROOT).commit, provenance(ROOT).source) == (here, "git")
+    assert provenance(tmp_path).commit is None and "unknown" in provenance(tmp_path).source
     monkeypatch.setenv(COMMIT_ENV, "5b7ce8c0")
     monkeypatch.setenv(CLEAN_ENV, "1")
-    assert provenance(ROOT) == {"commit": "5b7ce8c0", "clean": True, "source": f"${COMMIT_ENV}, ${CLEAN_ENV}"}
+    assert provenance(ROOT) == Provenance("5b7ce8c0", True, f"${COMMIT_ENV}, ${CLEAN_ENV}")

@@ -15,8 +15,10 @@ import textwrap
 import time
 from pathlib import Path
 
-from harness.gpu_suite.runner import FAILED, NOT_RUN, PASSED, TIMED_OUT, run_steps
+from harness.gpu_suite.runner import Outcome, run_steps
 from harness.gpu_suite.steps import REPORT_RESERVE_S, Step
+
+PASSED, FAILED, TIMED_OUT, NOT_RUN = Outcome.PASSED, Outcome.FAILED, Outcome.TIMED_OUT, Outcome.NOT_RUN
 
 
 def alive(pid: int) -> bool:
@@ -166,7 +168,7 @@ def test_steps_that_cannot_run_say_why_and_the_rest_runs(tmp_path):
     assert got["profile"] == (NOT_RUN, "no Nsight Compute (ncu) on this machine")
     assert not (tmp_path / "logs" / "apex cases.txt").exists()
     recorded = json.loads((tmp_path / "steps.json").read_text())["steps"]
-    assert [s["reason"] for s in recorded if s["outcome"] == NOT_RUN] == ["build-apex did not pass (failed)",
+    assert [s["reason"] for s in recorded if s["outcome"] == "not run"] == ["build-apex did not pass (failed)",
                                                                           "no Nsight Compute (ncu) on this machine"]
     assert "[gpu-suite] profile: not run: no Nsight Compute (ncu) on this machine" in lines
 

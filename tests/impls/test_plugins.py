@@ -58,8 +58,15 @@ def test_correct_plugin_passes_and_defective_plugin_fails(monkeypatch):
     records = list(run_selection(
         cases, resolve_impls(["textbook:TextbookSyncBN", "defects:EqualWeightMerge"]), RunOptions()))
     by_impl = {(r.impl, r.case): r.status for r in records}
-    assert all(s == Status.PASS for (impl, _), s in by_impl.items() if impl.startswith("textbook"))
-    assert any(s == Status.MISMATCH for (impl, _), s in by_impl.items() if impl.startswith("defects"))
+    # Equal weights in the merge are wrong exactly where the ranks' batches differ in size: both cases, on the
+    # output and the running statistics alike.
+    assert by_impl == {(impl, case.id): Status.PASS if impl.startswith("textbook") else Status.MISMATCH
+                       for impl in ("textbook:TextbookSyncBN", "defects:EqualWeightMerge") for case in cases}, by_impl
+    wrong = {r.case: r.metrics for r in records if r.impl.startswith("defects")}
+    for case, metrics in wrong.items():
+        failing = {name for name, m in metrics.items() if not m.ok}
+        assert {f"rank{r}.step0.train.{t}" for r in (0, 1) for t in ("output", "running_mean")} <= failing, \
+            (case, sorted(failing))
 
 
 def test_entry_point_plugins_are_listed(tmp_path, monkeypatch):

@@ -83,7 +83,8 @@ def test_the_next_command_waits_until_the_last_one_left_nothing_running():
     import subprocess
     import time
 
-    from harness.bench.commands import _running_in, await_quiet
+    from harness.bench.commands import await_quiet
+    from harness.procs import in_session as _running_in
 
     proc = subprocess.Popen(["bash", "-c", "sleep 1 & exit 0"], start_new_session=True)
     proc.wait(timeout=30)

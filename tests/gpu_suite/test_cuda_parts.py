@@ -1,7 +1,7 @@
-"""The CUDA parts' CPU side: the decisions the GPU suite relies on, each part without a GPU.
+"""The CUDA parts the GPU suite runs, checked on their CPU side: the decisions they rest on, without a GPU.
 
-The suite itself (its plan, runner, packing and offline rehearsal) is tested in
-tests/gpu_suite/. On a machine without a GPU (every machine these tests
+The suite itself (its plan, runner, packing and offline rehearsal) is tested by
+the other files of this folder. On a machine without a GPU (every machine these tests
 normally run on): the cuda-marked tests are collected and skipped with the reason;
 nccl's one-GPU-per-rank decision and the ranks' GPU choice are pure functions;
 the cuda-graph cases are unsupported at once on CPU, over gloo and for the
@@ -34,7 +34,7 @@ from harness.impls import resolve
 from harness.results.records import Status
 from harness.scenarios import unsupported_reason
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 no_gpu_here = pytest.mark.skipif(torch.cuda.is_available(), reason="checks what happens where torch sees no GPU")
 
 
