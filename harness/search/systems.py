@@ -1,6 +1,6 @@
 """The training systems ``search`` draws beside layer cases: networks, DDP, conversion, compile and training uses.
 
-A *system* names what a drawn case exercises (``--scenario`` on ``search``):
+A *system* names what a drawn case exercises (``--system`` on ``search``):
 
 - ``model``: a small network (:mod:`harness.scenarios.networks`) trained
   without DDP, with evaluation steps, validation on a subset of ranks among
@@ -42,7 +42,7 @@ from harness.search.space import FAMILY, digest, split_label
 
 SYSTEMS = ("model", "ddp", "compile", "conversion", "validation", "activation-checkpoint", "double-backward",
            "autocast", "script", "join")
-# What --scenario systems draws: every system but join, whose expected failure is a 15 s hang.
+# What --system all draws: every system but join, whose expected failure is a 15 s hang.
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s != "join")
 USE_OF = {"activation-checkpoint": ("checkpoint-layer", "checkpoint-block", "checkpoint-layer-reentrant",
                                     "checkpoint-block-reentrant"),
