@@ -14,7 +14,9 @@ The writer (rank 0, or the lowest live rank when rank 0 is dead) gathers
 every rank's result and writes the record. When a case fails in a way that
 leaves a rank stuck (an exception on one rank while its peers wait in a
 collective, a crash, a hang past ``--timeout``, or torchrun's SIGTERM after a
-worker died), no later case can run on that process group. Then the
+worker died), no later case can run on that process group. When to stop
+waiting for silent ranks is the local pool's rule too (:mod:`harness.engine.waiting`,
+fed from the store by :class:`harness.engine.torchrun_case.JobCase`). Then the
 writer's watchdog thread, not its blocked main thread, collects what it can
 (results, dumps, which ranks are dead), attributes the failure with the same
 rules as the local pool (:mod:`harness.engine.attribution`), appends the
@@ -244,6 +246,8 @@ class Job:
                         time.sleep(PEER_GRACE_S + DUMP_GRACE_S + 2 * DEAD_AFTER_S + 5)
                         os._exit(1)
                     continue
+                if c.get("done") == "abort":
+                    os._exit(1)  # the case's record is written and the job ends: nothing waits for our task
                 c.post_calls()
                 if c.get("dump-request") is not None and c.get("silent", self.rank) is None:
                     c.set("silent", self.rank, stacks_now())  # a collecting rank asked to see where we are
