@@ -41,8 +41,7 @@ def selection_options(fn=None, *, timeout: bool = True):
                      help="Only cases of this world size (repeatable)."),
         click.option("--scenario", "scenarios", multiple=True, metavar="NAME",
                      help="Only cases of this scenario (repeatable): layer, model, conversion, checkpoint, "
-                          "cuda_graph. For search: what it draws (layer, systems, or a training system by name; "
-                          "see search --help)."),
+                          "cuda_graph."),
     ]
     if timeout:
         opts.append(click.option("--timeout", type=click.FloatRange(min=0.1), default=None,
@@ -61,15 +60,15 @@ def selection_options(fn=None, *, timeout: bool = True):
     return wrapper
 
 
-def start_ranks_early(selection: Selection) -> None:
-    """Start the forkserver the ranks fork from now, before this process imports torch, so that both import it
-    at once (see :mod:`harness.engine.forkserver`); for the commands that run cases, first thing."""
-    from harness.engine import forkserver
-    from harness.engine.plan import under_torchrun
+def start_ranks_early(selection: Selection):
+    """Choose the run's launcher and have it start what ranks are made from now, before this process imports
+    torch, so that both import it at once (see :mod:`harness.engine.forkserver`); for the commands that run
+    cases, first thing. Returns the launcher, for :func:`harness.engine.plan.make_plan`."""
+    from harness.engine import forkserver, launcher
 
-    if under_torchrun():  # torchrun's workers are the ranks: no pool
-        return
-    forkserver.prewarm(dynamo=forkserver.needs_dynamo(selection.case_patterns))
+    chosen = launcher.choose()
+    chosen.prewarm(forkserver.needs_dynamo(selection.case_patterns))
+    return chosen
 
 
 def store_option(help_text: str = "Results store directory (default: $SYNCBN_HARNESS_STORE or ./results)."):

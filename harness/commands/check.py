@@ -137,7 +137,7 @@ def check_exit_code(selection, imported_fd: Optional[int] = None) -> int:
         return Verdict.BAD.exit_code if judge(records).verdict is Verdict.BAD else EXIT_UNTESTABLE
 
     try:
-        start_ranks_early(selection)
+        launcher = start_ranks_early(selection)
         problem = torch_import_problem()
         if problem:
             click.echo(f"check: cannot test: {problem}", err=True)
@@ -154,7 +154,7 @@ def check_exit_code(selection, imported_fd: Optional[int] = None) -> int:
             elif r.ran and r.known:
                 click.echo(f"check: {r.status.value} as known ({r.known_issue.link}) {r.case} [{r.impl}]", err=True)
 
-        _, is_writer = execute(make_plan(selection, diagnose=False), on_record=on_record)
+        _, is_writer = execute(make_plan(selection, diagnose=False, launcher=launcher), on_record=on_record)
         if not is_writer:
             return 0  # a torchrun rank other than the writer: the writer gives the verdict
         judgement = judge(records)

@@ -38,8 +38,7 @@ def gate(baseline_path, store_dir, selection, growth, growth_floor, allow_missin
     build's records in the store (--impl and --case filter them, --device and --backend pick the build);
     otherwise the selection runs now.
     """
-    if not store_dir:
-        start_ranks_early(selection)
+    launcher = None if store_dir else start_ranks_early(selection)
     from harness.results import gate as gate_mod
     from harness.results import junit as junit_xml
     from harness.results.diff import GrowthRule
@@ -54,7 +53,7 @@ def gate(baseline_path, store_dir, selection, growth, growth_floor, allow_missin
             ids = {c.id for c in catalog.select(exhaustive=True, scenarios=selection.scenarios)}
             current = [r for r in current if r.case in ids]
     else:
-        current = run_current(selection)
+        current = run_current(selection, launcher)
     result = gate_mod.evaluate(baseline, current, GrowthRule(growth, growth_floor), allow_missing=allow_missing,
                                fail_on_collectives=fail_on_collectives, fail_on_compilation=fail_on_compilation)
     click.echo(gate_mod.format_result(result, baseline_path))
@@ -71,12 +70,12 @@ def current_key(selection) -> str:
     return store_key(build_info(), selection.run_options())
 
 
-def run_current(selection) -> list:
-    """Run the selection now (not stored), with progress on a terminal."""
+def run_current(selection, launcher=None) -> list:
+    """Run the selection now (not stored), with progress on a terminal; ``launcher``: the one chosen already."""
     from harness.engine.plan import execute, make_plan
     from harness.results.progress import Progress, wanted
 
-    plan = make_plan(selection, diagnose=False)
+    plan = make_plan(selection, diagnose=False, launcher=launcher)
     with Progress(plan.to_run, enabled=wanted(sys.stderr)) as bar:
         records, is_writer = execute(plan, on_record=bar.update)
     if not is_writer:

@@ -32,7 +32,7 @@ def run(selection, store_dir, resume, fmt, junit, compare, verbose, no_diagnose)
     Exit 0 when nothing failed unexpectedly (known issues do not count), 1 on any mismatch, error, crash or hang
     that is not a known issue, 2 on a usage error, 3 when the harness could not work.
     """
-    start_ranks_early(selection)
+    launcher = start_ranks_early(selection)
     from harness.engine.plan import execute, make_plan
     from harness.errors import Terminated
     from harness.results.console import cut
@@ -42,8 +42,9 @@ def run(selection, store_dir, resume, fmt, junit, compare, verbose, no_diagnose)
 
     store_dir = store_dir or default_store()
     plan = make_plan(selection, store_dir=store_dir, resume=resume,
-                     compare=parse_compare(compare) if compare else None, diagnose=not no_diagnose)
-    if resume and plan.launcher == "local":
+                     compare=parse_compare(compare) if compare else None, diagnose=not no_diagnose,
+                     launcher=launcher)
+    if resume and plan.launcher.announces:
         total, left = plan.selected, plan.to_run
         if not left:
             click.echo(f"resume: all {total} (case, impl) results of this selection are already in {store_dir}; "

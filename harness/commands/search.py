@@ -11,7 +11,10 @@ import click
 
 from harness.commands import cli
 from harness.commands._options import default_store, selection_options, store_option
+from harness.search.systems import DEFAULT_SYSTEMS, SYSTEMS
 
+# What --system takes: the layer cases, every training system but join (all), or one system by name.
+SYSTEM_CHOICES = ("layer", "all") + SYSTEMS
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")
 
 
@@ -25,9 +28,20 @@ def parse_duration(value: str) -> float:
     return float(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2) or "s"]
 
 
+def drawn_systems(names) -> tuple[str, ...]:
+    """What ``--system`` names (already among :data:`SYSTEM_CHOICES`) draw, in order, each once; none: layer."""
+    drawn: list[str] = []
+    for name in names or ("layer",):
+        drawn += list(DEFAULT_SYSTEMS) if name == "all" else [name]
+    return tuple(dict.fromkeys(drawn))
+
+
 @cli.command()
 @selection_options
 @store_option()
+@click.option("--system", "systems", multiple=True, type=click.Choice(SYSTEM_CHOICES),
+              help="What to draw (repeatable): layer (the layer cases, the default), a training system by name, "
+                   "or all (every training system but join, whose expected failure is a 15 s hang).")
 @click.option("--budget", default=None, metavar="DURATION",
               help="How long to explore: 300, 90s, 10m, 1h (default 5m unless --max-cases is given).")
 @click.option("--max-cases", type=click.IntRange(min=1), default=None, help="Explore at most this many cases.")
@@ -39,43 +53,29 @@ def parse_duration(value: str) -> float:
               help="Where the findings summary (findings.md, findings.json) and repro files go.")
 @click.option("--shrink-limit", default=None, metavar="DURATION",
               help="Most time spent shrinking one finding (default: a quarter of the budget, at least 60s).")
-def search(selection, store_dir, budget, max_cases, seed, save, out, shrink_limit):
+def search(selection, store_dir, systems, budget, max_cases, seed, save, out, shrink_limit):
     """Explore generated cases, shrink each new failure to a minimal case, group findings by signature.
 
     Cases are drawn by hypothesis over every parameter of the layer families (splits with empty ranks,
     subgroups, dtypes, layouts, step sequences, hostile inputs, sizes up to real networks') and run on warm
-    pools. --scenario draws training systems instead or beside (repeatable): model, ddp, compile, conversion,
-    validation, activation-checkpoint, double-backward, autocast, script, join; systems for all of them but
+    pools. --system draws training systems instead or beside (repeatable): model, ddp, compile, conversion,
+    validation, activation-checkpoint, double-backward, autocast, script, join; all for all of them but
     join (whose expected failure is a 15 s hang); layer for the layer cases (the default). Findings go to the
     store (the original and the minimal case's records) and to --out. Exit 0 when nothing new was found (known
     issues do not count), 1 on a new finding, 2 on a usage error, 3 when the harness could not work.
     """
     from harness.errors import UsageError
 
-    if selection.case_patterns or selection.exhaustive:
-        raise UsageError("search draws its own cases: --case and --exhaustive do not apply (run selects catalog "
-                         "cases; search --save promotes what search finds into the catalog)")
-    # Before torch is imported here (the systems' table imports it): the forkserver then imports torch at the same
-    # time as this process instead of after it. Only the compile system needs dynamo.
-    from harness.engine import forkserver
-    from harness.engine.plan import under_torchrun
-
-    if not under_torchrun():  # run_search refuses torchrun itself
-        forkserver.prewarm(dynamo=bool({"compile", "systems"} & set(selection.scenarios)))
-    from harness.search.systems import DEFAULT_SYSTEMS, SYSTEMS
-
-    drawn: list[str] = []
-    for name in selection.scenarios or ("layer",):
-        if name not in ("layer", "systems") + SYSTEMS:
-            raise UsageError(f"--scenario {name!r}: search draws layer, systems (every training system but join) "
-                             f"or one of {', '.join(SYSTEMS)}")
-        drawn += list(DEFAULT_SYSTEMS) if name == "systems" else [name]
+    if selection.case_patterns or selection.exhaustive or selection.scenarios:
+        raise UsageError("search draws its own cases: --case, --exhaustive and --scenario do not apply (run selects "
+                         "catalog cases; search --system says what search draws; search --save promotes what it "
+                         "finds into the catalog)")
     budget_s = parse_duration(budget) if budget else (None if max_cases else 300.0)
     shrink_s = parse_duration(shrink_limit) if shrink_limit else None
     result, summary = run_search(selection, store_dir=store_dir or default_store(), budget_s=budget_s,
                                  max_cases=max_cases, seed=seed, save=save, out=Path(out), shrink_limit_s=shrink_s,
                                  command="syncbn-harness " + shlex.join(sys.argv[1:]),
-                                 systems=tuple(dict.fromkeys(drawn)))
+                                 systems=drawn_systems(systems))
     click.echo(summary)
     sys.exit(1 if result.new else 0)
 
@@ -83,23 +83,23 @@ def search(selection, store_dir, budget, max_cases, seed, save, out, shrink_limi
 def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Path, shrink_limit_s, command,
                systems: tuple = ("layer",)):
     """The search behind the command: explore, write records, summary and repro files, promote; return them."""
-    from harness.engine import forkserver
+    from harness.engine import launcher
+
+    # Before torch is imported here (the plan's build information imports it): the forkserver then imports torch
+    # at the same time as this process instead of after it. Only the compile system needs dynamo.
+    chosen = launcher.choose()
+    chosen.prewarm("compile" in systems)
     from harness.engine.plan import make_plan
-    from harness.engine.session import Session
-    from harness.errors import UsageError
     from harness.results.progress import wanted
-    from harness.results.store import Store
     from harness.search.explore import Explorer
     from harness.search.findings import assess_finding, order_by_severity, write_repros, write_summary
 
-    forkserver.prewarm(dynamo="compile" in systems)  # only the compile system compiles
     # The plan decides the adapters, options, build and store key, and refuses a store that cannot take them;
     # search draws its own cases, so the plan holds none.
-    plan = make_plan(selection, store_dir=store_dir, diagnose=False, cases=[])
-    if plan.launcher != "local":
-        raise UsageError("search starts its own ranks (one warm pool per world size): run it without torchrun")
-    impls, opts, info, key = plan.impls, plan.opts, plan.info, plan.key
-    store = Store(store_dir)
+    plan = make_plan(selection, store_dir=store_dir, diagnose=False, cases=[], launcher=chosen)
+    session = plan.launcher.session(plan)  # torchrun refuses: search starts its own ranks
+    opts, info, key = plan.opts, plan.info, plan.key
+    store = plan.store()
     live = wanted(sys.stderr)
     # nccl-contract carries CPU and CUDA tensors over gloo: beside a gloo run, on either device.
     backends = (None, "nccl-contract") if opts.resolved_backend == "gloo" else (None,)
@@ -119,7 +119,6 @@ def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Pa
         click.echo(("\n" if live else "") + f"finding ({kind}): {f.signature}\n  minimal: {f.minimal.id}",
                    err=True)
 
-    session = Session(impls, opts, info)
     try:
         explorer = Explorer(session, seed=seed, budget_s=budget_s, max_cases=max_cases,
                             shrink_limit_s=shrink_limit_s, backends=backends,

@@ -1,9 +1,11 @@
 """The execution engine: rank processes that run cases, and the parent that attributes what they did.
 
 - :mod:`~harness.engine.plan`: one plan per run (build key, pending cases, launcher) and its executor;
+- :mod:`~harness.engine.launcher`: who starts a run's ranks (local warm pools, or a torchrun job), chosen once;
 - :mod:`~harness.engine.admission`: whether a (case, impl) runs here, and its task (both launchers);
 - :mod:`~harness.engine.session`: run a selection (one warm pool per world size), yield records;
 - :mod:`~harness.engine.pool`: the parent side of a warm pool of rank processes;
+- :mod:`~harness.engine.waiting`: how long the parent waits for a task's ranks (both launchers' one rule);
 - :mod:`~harness.engine.forkserver`, :mod:`~harness.engine.warm`, :mod:`~harness.engine.warm_server`,
   :mod:`~harness.engine.warm_dynamo`: how rank processes start (forked from a server with torch, the harness
   and what ranks would import, preloaded);
@@ -18,6 +20,7 @@
 - :mod:`~harness.engine.reuse`: whether a pool can take the next task after a failure;
 - :mod:`~harness.engine.assemble`: the one path from rank outcomes to a record;
 - :mod:`~harness.engine.torchrun`: the same rank code as one rank of a torchrun job;
+- :mod:`~harness.engine.torchrun_case`: one case of that job: its keys, fed to the waiting rule;
 - :mod:`~harness.engine.torchrun_protocol`: the keys a torchrun job's ranks exchange, and its heartbeats;
 - :mod:`~harness.engine.messages`: the plain data that crosses processes.
 """

@@ -8,38 +8,35 @@ Protocol: :func:`make_plan` turns a :class:`~harness.selection.Selection`
 own) and the store options into a :class:`Plan`: the adapters (``--compare``'s
 second implementation included), the run options, the build under test and
 its store key (:func:`store_key`, the one spelling of it), the launcher
-(``local``: this process drives warm pools; ``torchrun``: this process is
-one rank of a job), and, for ``--resume``, the (case, impl) pairs still to
+(:mod:`harness.engine.launcher`, chosen here unless the command chose it
+a moment earlier: warm pools of this process, or this process as one rank of
+a torchrun job), and, for ``--resume``, the (case, impl) pairs still to
 run (under torchrun, the writing rank's, shared with every rank at the job's
 start). It checks the store before any case runs (a store that cannot take
 this build's records is refused, exit 3) and reads the build's file once:
 the same read gives ``--resume`` what is done and the output what was
-stored. :func:`execute` runs a plan with either launcher, appending each
+stored. :func:`execute` runs a plan with its launcher, appending each
 record to the store as it finishes; :meth:`Plan.output` is the whole
 selection's records (stored ones first met, in selection order).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from harness.buildinfo import BuildInfo, build_info
+from harness.engine import launcher as launchers
+from harness.engine.launcher import Launcher
 from harness.results.records import Record
 from harness.selection import RunOptions, Selection
+
 
 def store_key(info: BuildInfo, opts: RunOptions) -> str:
     """The store's key for records of this build run with ``opts`` (torch version, commit, device, backend)."""
     from harness.results.store import build_key
 
     return build_key(info.torch_version, info.torch_git_version, opts.device, opts.resolved_backend, info.overlay)
-
-
-def under_torchrun() -> bool:
-    """Whether this process was started by torchrun (torch.distributed.run)."""
-    env = os.environ
-    return "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env
 
 
 @dataclass
@@ -51,7 +48,7 @@ class Plan:
     opts: RunOptions
     info: BuildInfo
     key: str
-    launcher: str
+    launcher: Launcher
     store_dir: Optional[str] = None
     resume: bool = False
     # (case id, impl name) pairs to run; None: every pair of the selection.
@@ -66,16 +63,15 @@ class Plan:
 
     @property
     def to_run(self) -> int:
-        """Records this process will produce: the pending pairs; under torchrun, those of the job's world size."""
-        if self.launcher == "torchrun":
-            world = int(os.environ["WORLD_SIZE"])
-            if self.pairs is not None:
-                ids = {c.id for c in self.cases if c.world_size == world}
-                return sum(case in ids for case, _ in self.pairs)
-            return sum(c.world_size == world for c in self.cases) * len(self.impls)
-        if self.pairs is None:
-            return self.selected
-        return len(self.pairs)
+        """Records this process will produce (the launcher's count: the pending pairs; under torchrun, those of
+        the job's world size)."""
+        return self.launcher.count(self)
+
+    def store(self):
+        """The store this plan's records go to (a :class:`~harness.results.store.Store`; None: not stored)."""
+        from harness.results.store import Store
+
+        return Store(self.store_dir) if self.store_dir else None
 
     def output(self, ran: list[Record]) -> list[Record]:
         """The selection's records, in selection order: those run now, else the stored ones (``--resume``)."""
@@ -87,11 +83,13 @@ class Plan:
 
 
 def make_plan(selection: Selection, *, store_dir: Optional[str] = None, resume: bool = False,
-              compare: Optional[tuple[str, str]] = None, diagnose: bool = True, cases: Optional[list] = None) -> Plan:
+              compare: Optional[tuple[str, str]] = None, diagnose: bool = True, cases: Optional[list] = None,
+              launcher: Optional[Launcher] = None) -> Plan:
     """The plan of one run of ``selection`` (see the module docstring); refuses a store that cannot take it.
 
     ``store_dir`` None: the records are not stored (``check``, ``gate``'s current build, ``repro``). ``cases``:
-    these cases instead of the selection's.
+    these cases instead of the selection's. ``launcher``: the one the command chose already (default:
+    :func:`harness.engine.launcher.choose`).
     """
     from harness.results.store import Store, Where
 
@@ -102,14 +100,11 @@ def make_plan(selection: Selection, *, store_dir: Optional[str] = None, resume: 
     info = build_info()
     plan = Plan(cases=selection.cases if cases is None else list(cases), impls=impls, opts=opts, info=info,
                 key=store_key(info, opts),
-                launcher="torchrun" if under_torchrun() else "local", store_dir=store_dir, resume=resume)
-    if store_dir is None:
+                launcher=launcher or launchers.choose(), store_dir=store_dir, resume=resume)
+    # Under torchrun only the writing rank reads the store (before any record is appended); with --resume its
+    # pending pairs reach every rank at the job's start (harness.engine.torchrun), so that all run the same cases.
+    if store_dir is None or not plan.launcher.reads_store(resume):
         return plan
-    if plan.launcher == "torchrun":
-        # Only the writing rank reads the store (before any record is appended); with --resume its pending
-        # pairs reach every rank at the job's start (harness.engine.torchrun), so that all run the same cases.
-        if not (resume and os.environ.get("RANK") == "0"):
-            return plan
     with Store(store_dir) as store:
         store.prepare(plan.key)
         if resume:
@@ -130,9 +125,7 @@ def execute(plan: Plan, on_record: Optional[Callable[[Record], None]] = None,
     record so far when a torchrun job must end early (a rank stuck in a
     collective); the process then exits 1.
     """
-    from harness.results.store import Store
-
-    store = Store(plan.store_dir) if plan.store_dir else None
+    store = plan.store()
 
     def emit(rec: Record) -> None:
         if store is not None:
@@ -140,15 +133,4 @@ def execute(plan: Plan, on_record: Optional[Callable[[Record], None]] = None,
         if on_record:
             on_record(rec)
 
-    if plan.launcher == "torchrun":
-        from harness.engine import torchrun
-
-        job = torchrun.Job(plan.cases, plan.impls, plan.opts, plan.info, resume=plan.resume, pairs=plan.pairs)
-        return job.run(emit, on_abort or (lambda records: None)), job.is_writer
-    from harness.engine.session import run_selection
-
-    out = []
-    for rec in run_selection(plan.cases, plan.impls, plan.opts, plan.info, pairs=plan.pairs):
-        emit(rec)
-        out.append(rec)
-    return out, True
+    return plan.launcher.run(plan, emit, on_abort or (lambda records: None))

@@ -6,25 +6,13 @@ Rendezvous: the parent hosts a ``TCPStore`` on port 0, so the OS picks a free
 port and two pools (two runs, xdist workers) never collide; ranks join it by
 port and rank number, never through the caller's environment.
 
-One task (:meth:`Pool.run`): the parent sends it to every rank and waits on every rank's pipe and
-process sentinel until all have answered or the timeout expires. After a first failure (an exception
-or a death) the others get ``PEER_GRACE_S`` to answer, unless each one still silent provably waits
-in a collective that cannot complete (:func:`~harness.engine.attribution.waits_for_good`: a done
-member of its group never issued it, or died having issued it while the silent rank's stack is
-inside torch.distributed): then the wait ends at once (unless a rank raised inside torch.distributed
-and no member has died yet: a dying peer likely caused that error, and its death is awaited), since
-a crash that leaves its peers in a gloo collective would otherwise cost the whole grace every time.
-The same rule ends the wait for ranks silent beside ranks that answered (after ``SETTLE_S`` when
-none failed: the rest usually answer within milliseconds), and a deadlock of every rank ends it once
-proven (:class:`~harness.engine.attribution.DeadlockWatch`, after ``QUIET_S``) instead of at the
-timeout. Ranks still silent have their Python stacks dumped (faulthandler on SIGUSR1, into their
-logs); the collectives a rank without an answer had issued are read from the file it writes them to
-before issuing each (``rank<r>.calls`` beside its log); and
-:func:`harness.engine.attribution.attribute` decides who is to blame. After a failure the pool is
-torn down (every child killed and reaped): a rank left inside a collective cannot take another task,
-and the next task starts a fresh pool. The exception: a failure that provably left nothing in flight
-(every rank answered and caught its own exception, and their collectives match;
-:mod:`harness.engine.reuse`) keeps the pool, whose next task runs as on a fresh one.
+One task (:meth:`Pool.run`): the parent sends it to every rank, then gathers what it sees (answers on
+the pipes, deaths on the process sentinels, collectives from each rank's ``rank<r>.calls`` file, stacks
+dumped by faulthandler on SIGUSR1 into the rank's log) for the waiting rule of
+:mod:`harness.engine.waiting` and does what it says; :func:`harness.engine.attribution.attribute` then
+decides who is to blame. After a failure the pool is torn down (every child killed and reaped): a rank
+left inside a collective cannot take another task. The exception: a failure that provably left nothing
+in flight (:mod:`harness.engine.reuse`) keeps the pool, whose next task runs as on a fresh one.
 """
 
 from __future__ import annotations
@@ -42,22 +30,18 @@ from pathlib import Path
 from typing import Optional
 
 from harness.engine import logs
-from harness.engine.forkserver import start_context
-from harness.engine.attribution import (DeadlockWatch, Observation, attribute, describe_exit, in_collective,
-                                        waits_for_good)
+from harness.engine.attribution import attribute, describe_exit
 from harness.engine.collectives import read_sink
+from harness.engine.forkserver import start_context
 from harness.engine.messages import RankResult, Task, TaskOutcome
-from harness.engine.reuse import raised_in_collective, reusable
 from harness.engine.rank import START_TIMEOUT_S, calls_path, rank_main, timedelta
+from harness.engine.reuse import reusable
+from harness.engine.waiting import Look, Probe, Stop, WaitState
 from harness.errors import HarnessError
 from harness.results.records import RankStatus, Status
 
 log = logging.getLogger(__name__)
 
-PEER_GRACE_S = 3.0
-RECHECK_S = 0.05  # after a failure, how often the silent ranks' collectives are read again
-SETTLE_S = 0.25  # after a first answer without a failure, the others usually follow within milliseconds
-QUIET_S = 1.0  # every rank silent this long: look for a deadlock (a file read per rank while they work)
 DUMP_WAIT_S = 2.0
 STOP_WAIT_S = 5.0
 LOG_TAIL = 6000
@@ -228,58 +212,30 @@ class Pool:
             except OSError:
                 pass  # the rank is dead; its sentinel says so below
         n = self.world_size
-        observations = {r: Observation(rank=r) for r in range(n)}
-        pending = set(range(n))
-        started = time.monotonic()
-        deadline = started + timeout
-        first_failure: Optional[float] = None
-        first_answer: Optional[float] = None
-        stuck_dumps: dict[int, str] = {}  # silent ranks whose stack showed them inside a collective
-        dumped: set[int] = set()  # silent ranks whose stack was looked at once already
-        watch = DeadlockWatch(range(n))
-        stopped_early, deadlocked = False, None
-        while pending:
-            limit = deadline if first_failure is None else min(deadline, first_failure + PEER_GRACE_S)
-            remaining = limit - time.monotonic()
-            if remaining <= 0:
+        state = WaitState(world=n, started=time.monotonic(), timeout=timeout)
+        while True:
+            step = state.next_step(time.monotonic())
+            if isinstance(step, Stop):
                 break
-            settle = first_answer + SETTLE_S - time.monotonic() if first_failure is None and first_answer else 0
-            if settle > 0:  # reading the silent ranks' collectives would only take a core from them
-                remaining = min(remaining, settle)
-            elif first_failure is not None or len(pending) < n:
-                # Silent ranks after a failure, or beside ranks that answered: they may wait for good.
-                if self._all_stuck(pending, observations, stuck_dumps, dumped):
-                    stopped_early = first_failure is None
-                    break
-                remaining = min(remaining, RECHECK_S)  # a silent rank may enter its last collective any moment
-            elif time.monotonic() - started >= QUIET_S:
-                deadlocked = watch.check(self.calls_of, self.dump_stack)
-                if deadlocked:
-                    stuck_dumps.update(watch.dumps)
-                    break
-                remaining = min(remaining, watch.pause)
-            else:
-                remaining = min(remaining, started + QUIET_S - time.monotonic())
-            for r in self._ready(pending, remaining):
+            if isinstance(step, Probe):
+                self._probe(state, step)
+                continue
+            for r in self._ready(state.pending, step.seconds):
                 msg = self._recv(r)
-                ob = observations[r]
                 if msg is None:  # the process is gone
                     self.procs[r].join(timeout=STOP_WAIT_S)
-                    ob.died, ob.exit_code, ob.stack_dump = True, self.procs[r].exitcode, self.log_tail(r)
-                    ob.collectives = self.calls_of(r)
-                    first_failure = first_failure or time.monotonic()
+                    state.died(r, time.monotonic(), exit_code=self.procs[r].exitcode, log=self.log_tail(r),
+                               calls=self.calls_of(r))
                 else:
-                    first_answer = first_answer or time.monotonic()
-                    ob.result = RankResult.from_dict(msg.get("result", {"rank": r}))
-                    if ob.result.status is RankStatus.ERROR:
-                        first_failure = first_failure or time.monotonic()
-                pending.discard(r)
-        for r in sorted(pending):
-            observations[r].stack_dump = stuck_dumps.get(r) or self.dump_stack(r)
+                    state.answered(r, RankResult.from_dict(msg.get("result", {"rank": r})), time.monotonic())
+            state.waited()
+        observations = state.observations
+        for r in sorted(state.pending):
+            observations[r].stack_dump = state.evidence(r) or self.dump_stack(r)
             observations[r].collectives = self.calls_of(r)
-        waited = round(time.monotonic() - started, 1) if stopped_early or deadlocked else timeout
-        status, outcomes = attribute(list(observations.values()), failed_first=first_failure is not None,
-                                     timeout=waited, deadlocked=deadlocked)
+        status, outcomes = attribute(list(observations.values()), failed_first=state.first_failure is not None,
+                                     timeout=state.waited_s(step.reason, time.monotonic()),
+                                     deadlocked=state.deadlocked)
         kept = None
         failed = status in (Status.ERROR, Status.CRASH, Status.HANG) or any(
             o.status in (RankStatus.ERROR, RankStatus.CRASH, RankStatus.PEER_FAILED) for o in outcomes)
@@ -291,32 +247,16 @@ class Pool:
         return TaskOutcome(status=status, ranks=outcomes, results=[observations[r].result for r in range(n)],
                            logs=str(kept) if kept else None)
 
-    def _all_stuck(self, pending: set[int], observations: dict, dumps: dict[int, str], dumped: set[int]) -> bool:
-        """Whether every rank in ``pending`` waits in a collective that cannot complete (see the module docstring).
-
-        A rank whose case is ambiguous (a dead member of its group issued as many collectives) has its stack
-        dumped once; a dump that shows it inside a collective is kept in ``dumps`` as its evidence.
-        """
-        obs = observations.values()
-        raised_inside = any(ob.result is not None and ob.result.status is RankStatus.ERROR
-                            and raised_in_collective(ob.result.traceback) for ob in obs)
-        if raised_inside and not any(ob.died for ob in obs):
-            return False  # a collective failed under a rank, none died yet: a peer may be dying, its death the cause
-        done = {r: (ob.result.collectives if ob.result is not None else ob.collectives or self.calls_of(r) or [],
-                    ob.died) for r, ob in observations.items() if r not in pending}
-        for r in sorted(pending):
-            if r in dumps:
-                continue
-            verdict = waits_for_good(self.calls_of(r), done)
-            if verdict is None and r not in dumped:
-                dumped.add(r)
-                dump = self.dump_stack(r)
-                verdict = in_collective(dump)
-                if verdict:
-                    dumps[r] = dump
-            if not verdict:
-                return False
-        return True
+    def _probe(self, state: WaitState, probe: Probe) -> None:
+        """Read what the waiting rule asked for (collectives from the sink files, stacks by faulthandler)."""
+        if probe.look is Look.DEADLOCK:
+            state.saw_deadlock(state.watch.check(self.calls_of, self.dump_stack), time.monotonic())
+            return
+        for r in probe.ranks:
+            if probe.look is Look.CALLS:
+                state.saw_calls(r, self.calls_of(r))
+            else:
+                state.saw_stack(r, self.dump_stack(r))
 
     def _keep_logs(self, label: str) -> Optional[Path]:
         """Move the rank logs of a failure into the cache (bounded, :mod:`harness.engine.logs`); where they went.

@@ -1,9 +1,10 @@
 """Run a selection: (case x implementation) through warm pools, one record each.
 
-:func:`run_selection` is the local launcher of every command's plan
-(:func:`harness.engine.plan.execute`: ``run``, ``check``, ``gate``, ``repro``);
-:class:`Session` is what it, ``search`` and the pytest plugin of ``cases/``
-use to run one (case, impl) at a time. Records are yielded as
+:func:`run_selection` is how the local launcher
+(:class:`harness.engine.launcher.LocalPools`, which starts the forkserver
+first) runs every command's plan (``run``, ``check``, ``gate``, ``repro``);
+:class:`Session` is what it, ``search`` (given by the same launcher) and the
+pytest plugin of ``cases/`` use to run one (case, impl) at a time. Records are yielded as
 cases finish, so callers can store and print them one by one. Cases are
 grouped by world size and backend (a case may name its own, see
 ``Case.backend``); the pool of each starts when first needed and is closed
@@ -23,7 +24,7 @@ import time
 from typing import Iterator, Optional
 
 from harness.buildinfo import BuildInfo, build_info
-from harness.engine import admission, assemble, forkserver
+from harness.engine import admission, assemble
 from harness.engine.admission import gpu_shortage  # noqa: F401 - re-exported for callers of this module
 from harness.engine.diagnosis import diagnose
 from harness.engine.pool import Pool
@@ -114,7 +115,6 @@ def run_selection(cases: list, impls: list, opts: RunOptions, info: Optional[Bui
 
     ``pairs``: only these (case id, impl name) pairs (``--resume`` runs what the store lacks).
     """
-    forkserver.prewarm(dynamo=any(forkserver.case_needs_dynamo(c) for c in cases))
     session = Session(impls, opts, info)
     by_pool: dict[tuple[int, str], list] = {}
     for case in cases:

@@ -14,7 +14,9 @@ The writer (rank 0, or the lowest live rank when rank 0 is dead) gathers
 every rank's result and writes the record. When a case fails in a way that
 leaves a rank stuck (an exception on one rank while its peers wait in a
 collective, a crash, a hang past ``--timeout``, or torchrun's SIGTERM after a
-worker died), no later case can run on that process group. Then the
+worker died), no later case can run on that process group. When to stop
+waiting for silent ranks is the local pool's rule too (:mod:`harness.engine.waiting`,
+fed from the store by :class:`harness.engine.torchrun_case.JobCase`). Then the
 writer's watchdog thread, not its blocked main thread, collects what it can
 (results, dumps, which ranks are dead), attributes the failure with the same
 rules as the local pool (:mod:`harness.engine.attribution`), appends the
@@ -33,7 +35,6 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
-import re
 import signal
 import threading
 import time
@@ -41,18 +42,15 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from harness.engine import admission, assemble, logs, nccl_contract
-from harness.engine.attribution import Observation, attribute, stacks_now
-from harness.engine.collectives import install_recorder
-from harness.engine.messages import RankResult, TaskOutcome
+from harness.engine.attribution import stacks_now
+from harness.engine.collectives import begin_task, install_recorder
 from harness.engine.rank import RankContext, run_task, timedelta, use_inductor_cache
-from harness.engine.torchrun_protocol import (DEAD_AFTER_S, DUMP_GRACE_S, HEARTBEAT_S, PEER_GRACE_S, POLL_S,
-                                              CaseKeys, Heartbeats, exchange)
-from harness.results.records import RankStatus, Record, Status
+from harness.engine.torchrun_case import JobCase
+from harness.engine.torchrun_protocol import DEAD_AFTER_S, DUMP_GRACE_S, HEARTBEAT_S, POLL_S, Heartbeats, exchange
+from harness.engine.waiting import PEER_GRACE_S
+from harness.results.records import Record
 
-# faulthandler's words for fatal signals -> the signal's name
 LEAVE_WAIT_S = 15.0  # at the end of a job that went well, how long a rank waits for the others to leave
-FATAL = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",
-         "Floating point exception": "SIGFPE", "Illegal instruction": "SIGILL"}
 
 
 class Job:
@@ -70,7 +68,7 @@ class Job:
         self.store = None
         self.heartbeats: Optional[Heartbeats] = None
         self._lock = threading.Lock()
-        self._case: Optional[_Case] = None
+        self._case: Optional[JobCase] = None
         self._emit: Callable[[Record], None] = lambda r: None
         self._abort: Callable[[list[Record]], None] = lambda rs: None
         self._fault_dir: Optional[Path] = None
@@ -135,7 +133,8 @@ class Job:
                                                       self.opts.resolved_backend, refused.status, refused.reason))
                     continue
                 seq += 1
-                c = _Case(self, seq, case, impl)
+                c = JobCase(self, seq, case, impl)
+                begin_task()  # the last case's collectives must not be posted as this one's (see _watchdog)
                 with self._lock:
                     self._case = c
                 result = run_task(ctx, admission.task_for(case, impl, self.opts))
@@ -198,7 +197,7 @@ class Job:
             self.records.append(record)
             self._emit(record)
 
-    def _abort_with(self, c: "_Case", record: Record) -> None:
+    def _abort_with(self, c: "JobCase", record: Record) -> None:
         """Write the failing record, print the run's output, tell every rank to stop, exit 1.
 
         Two threads of the writer (the main one and the watchdog, when torchrun's SIGTERM comes while
@@ -247,6 +246,11 @@ class Job:
                         time.sleep(PEER_GRACE_S + DUMP_GRACE_S + 2 * DEAD_AFTER_S + 5)
                         os._exit(1)
                     continue
+                if c.get("done") == "abort":
+                    os._exit(1)  # the case's record is written and the job ends: nothing waits for our task
+                c.post_calls()
+                if c.get("dump-request") is not None and c.get("silent", self.rank) is None:
+                    c.set("silent", self.rank, stacks_now())  # a collecting rank asked to see where we are
                 if terminated or c.stuck():
                     c.set("silent", self.rank, stacks_now())
                     c.request_dumps()
@@ -285,94 +289,3 @@ class Job:
             return (self._fault_dir / f"rank{rank}.fault").read_text(errors="replace")[-6000:]
         except OSError:
             return ""
-
-
-class _Case(CaseKeys):
-    """One running (case, impl) of the job: its keys in the store and the rules for collecting them."""
-
-    def __init__(self, job: Job, seq: int, case, impl):
-        super().__init__(job.store, seq, job.world)
-        self.job, self.case, self.impl = job, case, impl
-        self.started = time.monotonic()
-        self.started_at = assemble.now()
-        self.deadline = self.started + job.opts.timeout
-        self.returned: Optional[float] = None  # when this rank's task returned
-        self.failure_seen: Optional[float] = None
-
-    def wait_done(self, stuck: bool, limit: Optional[float] = None) -> Optional[str]:
-        """The writer's word on this case ("continue" or "abort"); None after ``limit`` seconds.
-
-        While waiting, a rank that finds itself the writer (rank 0 is dead and it is the lowest live
-        rank) collects, writes the record and ends the job.
-        """
-        if limit is None:
-            limit = self.job.opts.timeout + PEER_GRACE_S + DUMP_GRACE_S + 4 * DEAD_AFTER_S + 30
-        end = time.monotonic() + limit
-        while time.monotonic() < end:
-            done = self.get("done")
-            if done is not None:
-                return done
-            waited = stuck or (self.returned is not None and time.monotonic() - self.returned > PEER_GRACE_S)
-            if waited and self.job.heartbeats.writer(self.job.rank) == self.job.rank:
-                record, _ = self.collect(stuck=stuck)
-                self.job._abort_with(self, record)
-            time.sleep(POLL_S)
-        return None
-
-    def stuck(self) -> bool:
-        """This rank's task is past its deadline, or a peer failed and we have not returned within the grace."""
-        now = time.monotonic()
-        if now >= self.deadline:
-            return True
-        if self.failure_seen is None and (self.get("dump-request") is not None or any(
-                r is not None and r.get("status") == RankStatus.ERROR.value for r in self.results().values())):
-            self.failure_seen = now
-        return self.failure_seen is not None and now - self.failure_seen >= PEER_GRACE_S
-
-    def collect(self, stuck: bool) -> tuple[Record, bool]:
-        """Gather every rank's result (or stacks, or death), make the record; and whether the job may go on."""
-        n = self.job.world
-        failure_at: Optional[float] = None
-        while not stuck:
-            results = self.results()
-            if all(r is not None for r in results.values()):
-                break
-            now = time.monotonic()
-            dead = set(range(n)) - self.job.heartbeats.alive()
-            if failure_at is None and (dead - {r for r, v in results.items() if v is not None} or any(
-                    v is not None and v.get("status") == RankStatus.ERROR.value for v in results.values())):
-                failure_at = now
-            if now >= self.deadline or self.job.terminating or (failure_at is not None
-                                                                 and now - failure_at >= PEER_GRACE_S):
-                stuck = True
-                break
-            time.sleep(POLL_S)
-        if stuck:
-            self.request_dumps()
-            time.sleep(DUMP_GRACE_S)
-        results = self.results()
-        live = self.job.heartbeats.alive()
-        observations = []
-        for r in range(n):
-            if results[r] is not None:
-                observations.append(Observation(rank=r, result=RankResult.from_dict(results[r])))
-                continue
-            dump = self.get("silent", r)
-            if dump is not None or r in live:
-                observations.append(Observation(rank=r, stack_dump=dump or "(alive, but posted no stack dump)"))
-                continue
-            report = self.job.fault_report(r)
-            ob = Observation(rank=r, died=True, stack_dump=report or "the process ended without a result (its exit "
-                                                                     "code is in torchrun's report)")
-            fatal = re.search(r"Fatal Python error: ([A-Za-z ]+)", report)
-            if fatal and fatal.group(1).strip() in FATAL:
-                ob.exit_code = -signal.Signals[FATAL[fatal.group(1).strip()]].value
-            observations.append(ob)
-        failed_first = any(o.died or (o.result is not None and o.result.status is RankStatus.ERROR)
-                           for o in observations)
-        status, outcomes = attribute(observations, failed_first=failed_first, timeout=self.job.opts.timeout)
-        record = assemble.from_outcome(self.case, self.impl, self.job.info, self.job.opts.device,
-                                       self.job.opts.resolved_backend,
-                                       TaskOutcome(status, outcomes, [o.result for o in observations]),
-                                       self.started_at, time.monotonic() - self.started)
-        return record, not stuck and status not in (Status.CRASH, Status.HANG)

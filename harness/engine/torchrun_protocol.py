@@ -9,8 +9,11 @@ stuck in the implementation's collective cannot block them. Keys live under
     heartbeat/<r>           a counter rank r's watchdog thread bumps four times a second: a counter that
                             stops moving is a dead process
     <n>/result/<r>          rank r's RankResult for the n-th case (JSON), posted when its task returns
+    <n>/calls/<r>           the collectives rank r issued so far in the n-th case (JSON), posted by its
+                            watchdog while its task does not return, whenever they changed
     <n>/silent/<r>          rank r's stack dump, posted by its watchdog while its task does not return
-    <n>/dump-request        a failure was seen: every rank whose task has not returned posts silent/<r>
+    <n>/dump-request        a rank wants the silent ranks' stacks: every rank whose task has not returned
+                            posts silent/<r> at once
     <n>/written             a counter: the first to add 1 writes the case's record (no record twice)
     <n>/done                "continue" (the next case may start) or "abort" (the job ends)
     end/<r>                 rank r ran every case; every rank waits for all before the group is destroyed
@@ -20,7 +23,9 @@ Protocol: :class:`Heartbeats` over the whole job, one :class:`CaseKeys` per
 case (numbered from 1 in the order every rank runs them), and
 :func:`exchange` for the values every rank posts once and reads from all.
 The timing constants below are the job's: how often ranks beat and poll,
-and how long a silent rank is given before it counts as dead or stuck.
+how long a silent heartbeat takes to mean a dead process, and how long ranks
+get to post their stacks. When a failure's silent peers count as stuck is the
+waiting rule's (:mod:`harness.engine.waiting`, shared with the local pool).
 """
 
 from __future__ import annotations
@@ -34,7 +39,6 @@ from typing import Optional
 PREFIX = "syncbn-harness/"
 HEARTBEAT_S = 0.25
 DEAD_AFTER_S = 1.5  # a heartbeat unchanged this long: the process is gone
-PEER_GRACE_S = 3.0  # after a failure, how long the others get to answer
 DUMP_GRACE_S = 2.5  # after a dump request, how long ranks get to post their stacks
 POLL_S = 0.05
 

@@ -2,7 +2,7 @@
 
 - :mod:`~harness.search.space`: the hypothesis strategy of generated layer cases and their IDs;
 - :mod:`~harness.search.systems`: the strategy of generated training-system cases (networks, DDP, conversion,
-  compile, the training uses), ``--scenario``;
+  compile, the training uses), ``--system``;
 - :mod:`~harness.search.signature`: how a record fails, in a few words (what shrinking keeps, what findings
   are grouped by);
 - :mod:`~harness.search.rules`: the decisions, pure: what an explored case's records yield, which record is the

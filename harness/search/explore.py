@@ -143,11 +143,7 @@ class Explorer:
         self.backends = backends
         self.world_sizes = tuple(world_sizes or WORLD_SIZES)
         self.allow_large = allow_large
-        unknown = [s for s in systems if s != "layer" and s not in training.SYSTEMS]
-        if unknown or not systems:
-            raise UsageError(f"--scenario {unknown[0] if unknown else ''!r}: search draws layer, systems (every "
-                             f"training system but join) or one of {', '.join(training.SYSTEMS)}")
-        self.systems = tuple(systems)
+        self.systems = tuple(systems)  # layer or names in training.SYSTEMS (the command's --system checks them)
         wrong = [w for w in self.world_sizes if w not in WORLD_SIZES]
         if wrong:
             raise UsageError(f"--world-size {wrong[0]}: search draws world sizes among "

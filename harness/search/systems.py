@@ -1,6 +1,6 @@
 """The training systems ``search`` draws beside layer cases: networks, DDP, conversion, compile and training uses.
 
-A *system* names what a drawn case exercises (``--scenario`` on ``search``):
+A *system* names what a drawn case exercises (``--system`` on ``search``):
 
 - ``model``: a small network (:mod:`harness.scenarios.networks`) trained
   without DDP, with evaluation steps, validation on a subset of ranks among
@@ -45,7 +45,7 @@ from harness.search.space import FAMILY, digest, split_label
 USE_OF = {"activation-checkpoint": tuple(sorted(CHECKPOINT_USES, key=lambda u: u.endswith("-reentrant"))),
           **{u: (u,) for u in USES if u not in CHECKPOINT_USES}}
 SYSTEMS = ("model", "ddp", "compile", "conversion", "validation") + tuple(USE_OF)
-# What --scenario systems draws: every system but join, whose expected failure is a 15 s hang.
+# What --system all draws: every system but join, whose expected failure is a 15 s hang.
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s != "join")
 # Smallest first. Not bn-chain: its first layers' exact affine gradients vanish (the next normalization removes
 # their shift and scale), so a rank holding the whole batch has a share of 0 whose rounding no relative budget

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import catalog
-from harness.engine.pool import PEER_GRACE_S
+from harness.engine.waiting import PEER_GRACE_S
 from harness.engine.session import RunOptions, Session, resolve_impls, run_selection
 from harness.results.records import RankStatus, Status
 from proctools import children_of, rank_processes

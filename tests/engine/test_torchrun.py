@@ -19,6 +19,7 @@ import pytest
 from cli_here import run_here
 
 from harness import catalog
+from harness.engine.waiting import PEER_GRACE_S
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 PATTERNS = ["allgather-shape/uneven-3-1-4-2/float32-*", "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2",
@@ -201,3 +202,27 @@ def test_jobs_sharing_a_rendezvous_id_keep_their_own_crash_reports(tmp_path, own
     assert len(folders) == 3, folders  # one per job, each kept with its crash report
     assert all((f / "rank1.fault").read_text().count("Segmentation fault") == 1 for f in folders)
     assert list(victim.iterdir()) == []
+
+
+@pytest.mark.slow(20)
+@pytest.mark.parametrize("probe,status", [("RaiseOnRank1", "error"), ("SegfaultOnRank1", "crash")])
+def test_a_failure_that_leaves_its_peer_in_a_collective_ends_the_wait_at_once(tmp_path, probe, status):
+    """Rank 1 raises (or dies) before the all_gather that rank 0 is already inside: the waiting rule proves rank 0
+    stuck from the collectives each rank posted (or, after a death, the dumps are awaited only as long as a live
+    rank has not posted its own), and the case ends well within the failure's grace, as in the local pool.
+
+    (A passing run of the same case earlier in the job is no baseline: as the job's first task it pays for what
+    the first forward imports and loads, seconds on a loaded machine; so the grace is the bound.)"""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--max-restarts=0",
+           "-m", "harness", "run", "--impl", "reference", "--impl", f"probes:{probe}", "--case", CRASH_CASE,
+           "--timeout", "60", "--format", "json", "--store", str(tmp_path / "store")]
+    env = dict(os.environ, PYTHONPATH=SUPPORT + os.pathsep + os.environ.get("PYTHONPATH", ""), TMPDIR=str(tmp_path))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, start_new_session=True, env=env)
+    assert proc.returncode != 0, proc.stderr[-4000:]
+    records = {r["impl"]: r for f in (tmp_path / "store").glob("*.jsonl")
+               for r in map(json.loads, f.read_text().splitlines())}
+    assert records["reference"]["status"] == "pass", records["reference"]["message"]  # the pool is warm now
+    bad = records[f"probes:{probe}"]
+    assert bad["status"] == status and bad["message"].startswith(f"rank 1: {status}"), bad["message"]
+    assert next(o for o in bad["ranks"] if o["rank"] == 0)["status"] == "peer-failed", bad["ranks"]
+    assert bad["duration_s"] < PEER_GRACE_S / 2, bad["duration_s"]

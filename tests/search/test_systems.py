@@ -2,12 +2,13 @@
 
 - Each planted defect of ``training_defects.SEARCH_ONLY`` passes the default selection (only search can find
   it; one of them also shows beside a known issue on the reentrant checkpoint cases, since known issues name
-  their symptoms), and ``search --scenario systems`` finds it within a budget of cases and shrinks it to a case
+  their symptoms), and ``search --system all`` finds it within a budget of cases and shrinks it to a case
   that keeps what the defect needs (an option, a use, the momentum rule) and loses everything else: two ranks,
   one training step, no DDP.
 - The controls (the reference, and an independent SyncBN differentiated by autograd) raise no finding over
   generated training-system cases.
-- The CLI draws the systems ``--scenario`` names and refuses a name it does not know.
+- The CLI draws the systems ``--system`` names, refuses a name it does not know, and refuses ``--scenario``
+  (which selects catalog cases by scenario module, as for ``run``).
 """
 
 from __future__ import annotations
@@ -96,10 +97,12 @@ def test_correct_implementations_raise_no_finding_over_training_systems():
 @pytest.mark.slow(20)
 def test_cli_search_draws_the_named_systems(tmp_path):
     # In this process (tests/support/cli_here.py): the property is what the command draws and says.
-    cmd = ["search", "--impl", "reference", "--device", "cpu", "--scenario", "ddp", "--scenario", "validation",
+    cmd = ["search", "--impl", "reference", "--device", "cpu", "--system", "ddp", "--system", "validation",
            "--max-cases", "6", "--store", str(tmp_path / "s"), "--out", str(tmp_path / "out")]
     proc = run_here(cmd)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "6 cases explored" in proc.stdout
-    bad = run_here(cmd[:5] + ["--scenario", "bogus", "--max-cases", "1"])
-    assert bad.returncode == 2 and "'bogus'" in bad.stderr and "systems" in bad.stderr
+    bad = run_here(cmd[:5] + ["--system", "bogus", "--max-cases", "1"])
+    assert bad.returncode == 2 and "'bogus'" in bad.stderr and "'all'" in bad.stderr, bad.stderr
+    scenario = run_here(cmd[:5] + ["--scenario", "model", "--max-cases", "1"])
+    assert scenario.returncode == 2 and "--system" in scenario.stderr, scenario.stderr

@@ -2,7 +2,7 @@
 
 ``SilentOnceDifferentiable`` and ``SyncsInEval`` are caught by the catalog's
 training-use families (tests/scenarios/test_uses.py). ``SEARCH_ONLY`` lists
-those the default selection does not catch and ``search --scenario systems``
+those the default selection does not catch and ``search --system all``
 must find (tests/search/test_systems.py), each with what its minimal case must
 keep. Each is written as such defects are: a shortcut right wherever its
 author looked.
