@@ -75,8 +75,7 @@ class Target:
         binding = impl.repro_binding()
         if binding is None:
             return None
-        return cls(impl.name, binding["library"], binding["code"], binding["on_cuda"],
-                   binding.get("cuda_only", False))
+        return cls(impl.name, binding.library, binding.code, binding.on_cuda, binding.cuda_only)
 
 
 def unexpressible(case: Case, impl) -> Optional[str]:
