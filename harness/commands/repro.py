@@ -31,12 +31,12 @@ def repro(case_id, impl_name, output, long_form, device, no_run, no_verify, time
     The default is the short form: the one symptom the harness observes, checked against torch.nn.BatchNorm
     in float64 with only torch and the library installed; it exits 1 while the symptom shows and 0 once fixed.
     """
-    from harness.repro import write_repro
+    from harness.repro import Form, write_repro
 
     written = write_repro(case_id, impl_name, output=output, device=device, run_first=not no_run,
                           timeout=timeout, command="syncbn-harness " + shlex.join(sys.argv[1:]),
                           long=long_form, verify=not no_verify)
     seen = f"observed {written.record.status.value}" if written.record is not None else "not run"
-    click.echo(f"wrote {written.path} ({written.form} form, {seen}); run it with: python {written.path}")
-    if written.form == "short":
+    click.echo(f"wrote {written.path} ({written.form.value} form, {seen}); run it with: python {written.path}")
+    if written.form is Form.SHORT:
         click.echo(f"the file {written.verdict()}")

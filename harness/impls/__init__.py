@@ -1,7 +1,9 @@
 """Implementations under test: adapters for the reference, torch, apex and plugins.
 
-- :mod:`harness.impls.base`: the adapter shape (:class:`Impl`, :class:`Capabilities`);
-- :mod:`harness.impls.registry`: names to adapters (built-ins, ``MODULE:ATTR``, entry points);
+- :mod:`harness.impls.base`: the adapter shape (:class:`Impl`, :class:`Capabilities`, :class:`ReproBinding`);
+- :mod:`harness.impls.registry`: names to adapters (the built-ins' table, ``MODULE:ATTR``, entry points);
+- :mod:`harness.impls.torch_layer`: the base of the adapters over torch's own layer reached through a
+  library (:class:`~harness.impls.torch_layer.TorchLayerAdapter`);
 - one module per implementation: :mod:`~harness.impls.reference` (ours, with its
   SyncBatchNorm), :mod:`~harness.impls.torch_native` and
   :mod:`~harness.impls.torch_emulation` (torch's module on CPU), :mod:`~harness.impls.torch_patched`
@@ -17,9 +19,8 @@
   :mod:`~harness.impls.mmengine_converter`, :mod:`~harness.impls.lightning_converter`.
 """
 
-from harness.impls.base import Capabilities, Impl
-from harness.impls.registry import (ENTRY_POINT_GROUP, builtin_names, default_names, known_names, register, resolve,
-                                    resolve_impls)
+from harness.impls.base import Capabilities, Impl, ReproBinding
+from harness.impls.registry import ENTRY_POINT_GROUP, builtin_names, default_names, known_names, resolve, resolve_impls
 
-__all__ = ["Capabilities", "Impl", "ENTRY_POINT_GROUP", "builtin_names", "default_names", "known_names", "register",
-           "resolve", "resolve_impls"]
+__all__ = ["Capabilities", "Impl", "ReproBinding", "ENTRY_POINT_GROUP", "builtin_names", "default_names",
+           "known_names", "resolve", "resolve_impls"]

@@ -31,8 +31,7 @@ from typing import NamedTuple, Optional
 
 from harness.catalog.case import Case
 from harness.errors import ImplUnavailable
-from harness.impls.base import Capabilities, Impl
-from harness.impls.registry import register
+from harness.impls.base import Capabilities, Impl, ReproBinding
 from harness.judge.mode import Mode
 
 PR_REMOVED = "NVIDIA/apex PR #1896"
@@ -109,14 +108,15 @@ _OPTIMIZED_CAPS = Capabilities(devices=frozenset({"cuda"}), dtypes=frozenset({"f
                                param_dtypes=frozenset({"float16", "float32"}), convert=True, script=False)
 
 
-@register("apex")
 class ApexImpl(Impl):
     """``apex.parallel.SyncBatchNorm`` as apex exports it here (fallback or optimized)."""
 
-    def repro_binding(self) -> dict:
+    name = "apex"
+
+    def repro_binding(self) -> ReproBinding:
         # The optimized extension's kernels are CUDA kernels: its file runs on a GPU (the fallback's on CPU).
-        return {"library": "apex", "code": "from apex.parallel import SyncBatchNorm", "on_cuda": False,
-                "cuda_only": probe().kind == "optimized"}
+        return ReproBinding("apex", "from apex.parallel import SyncBatchNorm", on_cuda=False,
+                            cuda_only=probe().kind == "optimized")
 
     @property
     def capabilities(self) -> Capabilities:  # type: ignore[override]

@@ -1,4 +1,5 @@
-"""What every implementation adapter is: :class:`Impl` and the :class:`Capabilities` it declares.
+"""What every implementation adapter is: :class:`Impl`, the :class:`Capabilities` it declares, and how a
+standalone repro file imports it (:class:`ReproBinding`).
 
 Protocol: an adapter is a small class that says what it supports
 (:class:`Capabilities`), checks that it can run here (``check_available``
@@ -56,6 +57,16 @@ class Capabilities:
         return {k: sorted(v) if isinstance(v, frozenset) else v for k, v in self.__dict__.items()}
 
 
+@dataclass(frozen=True)
+class ReproBinding:
+    """How a short repro file imports an implementation (see :meth:`Impl.repro_binding`)."""
+
+    library: str  # the package a maintainer installs
+    code: str  # lines that bind ``SyncBatchNorm`` to a callable with torch.nn.SyncBatchNorm's constructor
+    on_cuda: bool  # torch's layer: CUDA when there is one, else the file's CPU stand-ins for torch's CUDA ops
+    cuda_only: bool = False  # kernels that exist on CUDA only (the file then needs a GPU)
+
+
 class Impl(abc.ABC):
     """Base adapter. Subclasses set ``name``, ``capabilities`` and implement ``build``."""
 
@@ -63,6 +74,7 @@ class Impl(abc.ABC):
     mode: Optional[Mode] = None  # how its kernels run (None: it has one way only)
     mode_notes: tuple[str, ...] = ()  # what else holds of the mode in every task (apex's nvtx stub, say)
     capabilities: Capabilities = Capabilities()
+    by_default: bool = True  # False: opt-in, run only when named with --impl
 
     @property
     def key(self) -> str:
@@ -77,14 +89,8 @@ class Impl(abc.ABC):
     def version(self) -> Optional[str]:
         return None
 
-    def repro_binding(self) -> Optional[dict]:
-        """How a short repro file imports this implementation, or None where it cannot stand alone.
-
-        ``{"library": the package a maintainer installs, "code": lines that bind ``SyncBatchNorm`` to a callable
-        with torch.nn.SyncBatchNorm's constructor, "on_cuda": whether it is torch's layer (CUDA when there is
-        one, else the file's CPU stand-ins for torch's CUDA ops), optionally "cuda_only": whether its kernels
-        exist on CUDA only (the file then needs a GPU)}``.
-        """
+    def repro_binding(self) -> Optional[ReproBinding]:
+        """How a short repro file imports this implementation, or None where it cannot stand alone."""
         return None
 
     def check_available(self) -> None:  # noqa: B027 - available unless an adapter says otherwise

@@ -39,8 +39,7 @@ from typing import Optional
 
 from harness.catalog.case import Case
 from harness.errors import ImplUnavailable
-from harness.impls.base import Capabilities, Impl
-from harness.impls.registry import register
+from harness.impls.base import Capabilities, Impl, ReproBinding
 from harness.judge.mode import Mode
 
 INSTALL_HINT = ("pip install detectron2-layers (detectron2's layers on PyPI), or put a detectron2 checkout "
@@ -72,10 +71,10 @@ def ranks_with_data(case: Case) -> list[int]:
     return [r for r in range(case.world_size) if any(step[r] > 0 for step in sizes)]
 
 
-@register("detectron2")
 class Detectron2Impl(Impl):
     """``NaiveSyncBatchNorm(stats_mode="")``: every rank's statistics weighted equally."""
 
+    name = "detectron2"
     by_default = False
     stats_mode = ""
     capabilities = Capabilities(ndims=frozenset({4}), subgroups=False, empty_ranks=False)
@@ -112,7 +111,7 @@ class Detectron2Impl(Impl):
     def check_available(self) -> None:
         locate()
 
-    def repro_binding(self) -> dict:
+    def repro_binding(self) -> ReproBinding:
         """A standalone file binds ``SyncBatchNorm`` to this class and stats_mode (no process group, as here)."""
         module = "detectron2.layers.batch_norm" if locate()[1] == "detectron2" else "detectron2_layers.batch_norm"
         code = (f"from {module} import NaiveSyncBatchNorm\n\n\n"
@@ -122,7 +121,7 @@ class Detectron2Impl(Impl):
                 "    return NaiveSyncBatchNorm(num_features, eps=eps, momentum=momentum, affine=affine,\n"
                 "                              track_running_stats=track_running_stats, "
                 f"stats_mode={self.stats_mode!r})")
-        return {"library": module.split(".")[0].replace("_", "-"), "code": code, "on_cuda": False}
+        return ReproBinding(module.split(".")[0].replace("_", "-"), code, on_cuda=False)
 
     def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
         if case.scenario == "model":  # a network whose norms come from build() (DDP, training loops): no conversion
@@ -150,10 +149,10 @@ class Detectron2Impl(Impl):
                    track_running_stats=case.track_running_stats, stats_mode=self.stats_mode)
 
 
-@register("detectron2-n")
 class Detectron2NImpl(Detectron2Impl):
     """``NaiveSyncBatchNorm(stats_mode="N")``: every rank's statistics weighted by its batch size."""
 
+    name = "detectron2-n"
     stats_mode = "N"
     capabilities = Capabilities(ndims=frozenset({4}), subgroups=False)
 

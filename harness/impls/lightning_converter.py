@@ -17,54 +17,20 @@ plain ``_BatchNormXd``, done when a Trainer tears down) is checked by
 
 from __future__ import annotations
 
-from typing import Optional
-
-from harness.catalog.case import Case
-from harness.errors import ImplUnavailable
-from harness.impls.mmengine_converter import CONVERTING, no_group_reason
-from harness.impls.registry import register
-from harness.impls.torch_native import TorchImpl
+from harness.impls.torch_layer import TorchLayerAdapter
 
 
-@register("lightning")
-class LightningImpl(TorchImpl):
+class LightningImpl(TorchLayerAdapter):
     """``torch.nn.SyncBatchNorm`` layers made by ``lightning.pytorch.plugins.TorchSyncBatchNorm().apply``."""
 
-    by_default = False
+    name = "lightning"
+    package = "lightning"
+    probe = ("lightning.pytorch.plugins", "TorchSyncBatchNorm")
+    install_hint = "pip install lightning"
+    takes_process_group = False
+    converter_words = "TorchSyncBatchNorm.apply"
 
-    def version(self) -> str:
-        import lightning
-        import torch
-
-        return f"lightning {lightning.__version__} on torch {torch.__version__}"
-
-    def check_available(self) -> None:
-        try:
-            from lightning.pytorch.plugins import TorchSyncBatchNorm  # noqa: F401
-        except Exception as exc:  # noqa: BLE001 - lightning missing or failing to import
-            raise ImplUnavailable(f"lightning not importable ({type(exc).__name__}: {exc}); "
-                                  "pip install lightning") from exc
-
-    def repro_binding(self) -> None:
-        """None: a converter's cases convert whole models, which a standalone short file does not."""
-        return None
-
-    def check_available_on(self, device: str) -> None:
-        self.check_available()
-        super().check_available_on(device)
-
-    def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
-        if case.scenario not in CONVERTING and not case.model:
-            return f"{self.name} brings a converter only; its layers are torch.nn.SyncBatchNorm's (see --impl torch)"
-        return no_group_reason(self.name, case) or super().unsupported_reason(case, device)
-
-    def converter(self):
+    def library_converter(self):
         from lightning.pytorch.plugins import TorchSyncBatchNorm
 
-        def convert(model, process_group):
-            if process_group is not None:
-                raise ImplUnavailable(f"{self.name}'s TorchSyncBatchNorm.apply takes no process group (this case "
-                                      "should be unsupported)")
-            return TorchSyncBatchNorm().apply(model)
-
-        return convert
+        return TorchSyncBatchNorm().apply

@@ -22,65 +22,19 @@ unconverted model); ``tests/impls/test_maintained.py`` checks what it keeps.
 
 from __future__ import annotations
 
-from typing import Optional
-
-from harness.catalog.case import Case
-from harness.errors import ImplUnavailable
-from harness.impls.registry import register
-from harness.impls.torch_native import TorchImpl
-
-CONVERTING = ("conversion", "checkpoint")
+from harness.impls.torch_layer import TorchLayerAdapter
 
 
-def no_group_reason(name: str, case: Case) -> Optional[str]:
-    """Why a converter without a process-group argument cannot run ``case`` (None if it can)."""
-    if case.groups:
-        return f"{name}'s converter takes no process group: its layers synchronize over the whole world"
-    if (case.checkpoint or "").startswith("resume-"):
-        return (f"{name}'s converter takes no process group, and {case.checkpoint} converts on a subset of "
-                "the ranks (its layers would wait for the whole world)")
-    return None
-
-
-@register("mmengine")
-class MmengineImpl(TorchImpl):
+class MmengineImpl(TorchLayerAdapter):
     """``torch.nn.SyncBatchNorm`` layers made by ``mmengine.model.convert_sync_batchnorm``."""
 
-    by_default = False
+    name = "mmengine"
+    package = "mmengine"
+    probe = ("mmengine.model", "convert_sync_batchnorm")
+    install_hint = "pip install mmengine"
+    takes_process_group = False
 
-    def version(self) -> str:
-        import mmengine
-        import torch
-
-        return f"mmengine {mmengine.__version__} on torch {torch.__version__}"
-
-    def check_available(self) -> None:
-        try:
-            from mmengine.model import convert_sync_batchnorm  # noqa: F401
-        except Exception as exc:  # noqa: BLE001 - mmengine missing or failing to import
-            raise ImplUnavailable(f"mmengine not importable ({type(exc).__name__}: {exc}); "
-                                  "pip install mmengine") from exc
-
-    def repro_binding(self) -> None:
-        """None: a converter's cases convert whole models, which a standalone short file does not."""
-        return None
-
-    def check_available_on(self, device: str) -> None:
-        self.check_available()
-        super().check_available_on(device)
-
-    def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
-        if case.scenario not in CONVERTING and not case.model:
-            return f"{self.name} brings a converter only; its layers are torch.nn.SyncBatchNorm's (see --impl torch)"
-        return no_group_reason(self.name, case) or super().unsupported_reason(case, device)
-
-    def converter(self):
+    def library_converter(self):
         from mmengine.model import convert_sync_batchnorm
 
-        def convert(model, process_group):
-            if process_group is not None:
-                raise ImplUnavailable(f"{self.name}'s converter takes no process group (this case should be "
-                                      "unsupported)")
-            return convert_sync_batchnorm(model, implementation="torch")
-
-        return convert
+        return lambda model: convert_sync_batchnorm(model, implementation="torch")

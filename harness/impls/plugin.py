@@ -15,7 +15,7 @@ from typing import Optional
 
 from harness.catalog.case import Case
 from harness.errors import PluginUnavailable, UsageError
-from harness.impls.base import Capabilities, Impl, construct_like_syncbn
+from harness.impls.base import Capabilities, Impl, ReproBinding, construct_like_syncbn
 
 
 class PluginImpl(Impl):
@@ -63,10 +63,10 @@ class PluginImpl(Impl):
                 self.name = display
         return self._factory
 
-    def repro_binding(self) -> dict:
+    def repro_binding(self) -> ReproBinding:
         line = (f"from {self.module_name} import SyncBatchNorm" if self.attr == "SyncBatchNorm"
                 else f"from {self.module_name} import {self.attr} as SyncBatchNorm")
-        return {"library": self.module_name.split(".")[0], "code": line, "on_cuda": False}
+        return ReproBinding(self.module_name.split(".")[0], line, on_cuda=False)
 
     def version(self) -> Optional[str]:
         """The module's ``__version__``, else its top-level package's (fairscale's for fairscale.experimental.nn)."""

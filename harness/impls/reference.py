@@ -48,7 +48,6 @@ from torch.nn.modules.batchnorm import _BatchNorm, _LazyNormBase
 from harness.catalog.case import Case
 from harness.errors import ImplUnavailable, KernelBuildError
 from harness.impls.base import Capabilities, Impl, construct_like_syncbn
-from harness.impls.registry import register
 from harness.kernels import extension
 
 
@@ -238,9 +237,10 @@ def _derived(kind: type, cls: type) -> type:
     return _DERIVED[(kind, cls)]
 
 
-@register("reference")
 class ReferenceImpl(Impl):
     """The reference SyncBN: supports every case on every device the kernels are built for, CUDA graphs included."""
+
+    name = "reference"
 
     # Its backward is hand-written over kernels with no derivative of their own (no double backward), and its
     # autograd Function is Python, which TorchScript cannot compile. A training step has no host sync (see the

@@ -1,71 +1,62 @@
 """The registry of implementations: built-in adapters by name, plugins by ``MODULE:ATTR`` or entry point.
 
-Built-in adapters register with :func:`register` (a duplicate name raises);
-:func:`resolve` turns any name a user may give into an adapter, in any
-process, so that only names cross process boundaries. An unknown name is a
-usage error that lists the valid ones.
+Built-in adapters are a table, :data:`BUILTINS` (name -> ``module:attribute``),
+imported only when a name is resolved or the built-ins are listed, so no
+adapter imports the registry and the registry imports no adapter at import
+time; :data:`PREFIXES` does the same for the names ``<prefix><rest>``
+(``torch@PATH``). :func:`resolve` turns any name a user may give into an
+adapter, in any process, so that only names cross process boundaries. An
+unknown name is a usage error that lists the valid ones.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+import importlib
+from typing import Iterable
 
 from harness.errors import UsageError
 from harness.impls.base import Impl
 
-_REGISTRY: dict[str, Callable[[], Impl]] = {}
+# The built-in adapters: this order is the order of tables and of the default selection (an adapter whose class
+# says ``by_default = False`` is opt-in). Each class declares the same ``name``.
+BUILTINS = {
+    "reference": "harness.impls.reference:ReferenceImpl",
+    "torch": "harness.impls.torch_native:TorchImpl",
+    "apex": "harness.impls.apex:ApexImpl",
+    "timm": "harness.impls.timm_converter:TimmImpl",
+    "timm-layer": "harness.impls.timm_layer:TimmLayerImpl",
+    "mmengine": "harness.impls.mmengine_converter:MmengineImpl",
+    "lightning": "harness.impls.lightning_converter:LightningImpl",
+    "detectron2": "harness.impls.detectron2:Detectron2Impl",
+    "detectron2-n": "harness.impls.detectron2:Detectron2NImpl",
+}
+# Names ``<prefix><rest>`` -> the factory of their adapter, given ``rest``.
+PREFIXES = {"torch@": "harness.impls.torch_patched:resolve"}
 ENTRY_POINT_GROUP = "syncbn_harness.impls"
 
 
-def register(name: str):
-    """Class decorator: register an adapter under ``name`` (a duplicate raises)."""
+def _load(spec: str):
+    """The object a ``module:attribute`` string of :data:`BUILTINS` or :data:`PREFIXES` names (imported now)."""
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)
 
-    def deco(cls):
-        if name in _REGISTRY:
-            raise ValueError(f"implementation {name!r} is registered twice")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
 
-    return deco
+def builtin_class(name: str) -> type[Impl]:
+    """The class of the built-in adapter ``name`` (a class whose ``name`` is another is a bug, and raises)."""
+    cls = _load(BUILTINS[name])
+    if cls.name != name:
+        raise RuntimeError(f"{BUILTINS[name]} is listed as {name!r} but declares name = {cls.name!r}")
+    return cls
 
 
 def builtin_names() -> list[str]:
-    _load_builtins()
-    return list(_REGISTRY)
+    """The built-in adapters' names, in the order of tables and of the default selection."""
+    return list(BUILTINS)
 
 
 def default_names() -> list[str]:
     """The built-ins a run takes when no ``--impl`` is given (an adapter with ``by_default = False`` is opt-in)."""
-    _load_builtins()
-    return [n for n, cls in _REGISTRY.items() if getattr(cls, "by_default", True)]
-
-
-_PREFIXES: dict = {}  # "torch@" -> the factory of the adapter for "torch@PATH", given PATH
-
-
-def register_prefix(prefix: str):
-    """Register a factory for the names ``<prefix><rest>`` (``torch@PATH``); a prefix registered twice raises."""
-    def deco(make):
-        if prefix in _PREFIXES:
-            raise ValueError(f"impl name prefix {prefix!r} registered twice")
-        _PREFIXES[prefix] = make
-        return make
-
-    return deco
-
-
-def _load_builtins() -> None:
-    # Importing an adapter registers it; this order is the order of tables and of the default selection.
-    import harness.impls.reference  # noqa: F401
-    import harness.impls.torch_native  # noqa: F401
-    import harness.impls.apex  # noqa: F401,I001
-    import harness.impls.timm_converter  # noqa: F401,I001
-    import harness.impls.timm_layer  # noqa: F401,I001
-    import harness.impls.mmengine_converter  # noqa: F401,I001
-    import harness.impls.lightning_converter  # noqa: F401,I001
-    import harness.impls.detectron2  # noqa: F401,I001
-    import harness.impls.torch_patched  # noqa: F401,I001  (torch@PATH)
+    return [n for n in BUILTINS if builtin_class(n).by_default]
 
 
 def entry_points() -> dict:
@@ -76,19 +67,19 @@ def entry_points() -> dict:
 
 
 def known_names() -> list[str]:
-    return builtin_names() + sorted(n for n in entry_points() if n not in _REGISTRY)
+    """The built-ins, then the named plugins (entry points) that are not built-ins."""
+    return builtin_names() + sorted(n for n in entry_points() if n not in BUILTINS)
 
 
 def resolve(name: str) -> Impl:
     """The adapter for ``name``: a built-in, a registered plugin, or ``MODULE:ATTR``."""
-    _load_builtins()
-    if name in _REGISTRY:
-        return _REGISTRY[name]()
+    if name in BUILTINS:
+        return builtin_class(name)()
     from harness.impls.plugin import PluginImpl
 
-    for prefix, make in _PREFIXES.items():
+    for prefix, make in PREFIXES.items():
         if name.startswith(prefix):
-            return make(name[len(prefix):])
+            return _load(make)(name[len(prefix):])
     eps = entry_points()
     if name in eps:
         return PluginImpl(eps[name].value, display_name=name)

@@ -28,45 +28,29 @@ from typing import Optional
 from harness.catalog.case import Case
 from harness.errors import ImplUnavailable
 from harness.impls.base import Capabilities, construct_like_syncbn
-from harness.impls.registry import register
-from harness.impls.torch_native import TorchImpl
+from harness.impls.torch_layer import TorchLayerAdapter
 
 
-@register("timm-layer")
-class TimmLayerImpl(TorchImpl):
+class TimmLayerImpl(TorchLayerAdapter):
     """``timm.layers.SyncBatchNormAct`` with ``act`` and ``drop`` set to ``nn.Identity()``."""
 
-    by_default = False
+    name = "timm-layer"
+    package = "timm"
+    probe = ("timm.layers", "SyncBatchNormAct")
+    probe_words = "timm's SyncBatchNormAct"
+    install_hint = "install timm and a torchvision built for the installed torch"
+    converter_only = False
     capabilities = Capabilities()  # torch's layer's, without model conversion (that is --impl timm)
-
-    def version(self) -> str:
-        import timm
-        import torch
-
-        return f"timm {timm.__version__} on torch {torch.__version__}"
-
-    def check_available(self) -> None:
-        try:
-            from timm.layers import SyncBatchNormAct  # noqa: F401
-        except Exception as exc:  # timm missing, or a torchvision that does not match torch
-            raise ImplUnavailable(f"timm's SyncBatchNormAct not importable ({type(exc).__name__}: {exc}); install "
-                                  "timm and a torchvision built for the installed torch") from exc
-
-    def repro_binding(self) -> dict:
-        """A standalone file builds SyncBatchNormAct as this adapter does; it is torch's layer underneath."""
-        code = ("from timm.layers import SyncBatchNormAct\n\n\n"
-                "def SyncBatchNorm(*args, **kwargs):\n"
-                "    m = SyncBatchNormAct(*args, **kwargs)\n"
-                "    m.drop, m.act = torch.nn.Identity(), torch.nn.Identity()  # BatchNormAct2d(apply_act=False)'s\n"
-                "    return m")
-        return {"library": "timm", "code": code, "on_cuda": True}
-
-    def check_available_on(self, device: str) -> None:
-        self.check_available()
-        super().check_available_on(device)
+    # A standalone file builds SyncBatchNormAct as this adapter does; it is torch's layer underneath.
+    repro_code = ("from timm.layers import SyncBatchNormAct\n\n\n"
+                  "def SyncBatchNorm(*args, **kwargs):\n"
+                  "    m = SyncBatchNormAct(*args, **kwargs)\n"
+                  "    m.drop, m.act = torch.nn.Identity(), torch.nn.Identity()  # BatchNormAct2d(apply_act=False)'s\n"
+                  "    return m")
 
     def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
-        if case.scenario == "model":  # a network whose norms come from build() (DDP, training loops): no conversion
+        """As torch's layer; a ``model`` scenario's network takes its norms from :meth:`build`, not a converter."""
+        if case.scenario == "model":
             case = dataclasses.replace(case, model=None)
         return super().unsupported_reason(case, device)
 

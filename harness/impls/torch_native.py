@@ -15,15 +15,14 @@ from __future__ import annotations
 from typing import Optional
 
 from harness.catalog.case import Case
-from harness.impls.base import Capabilities, Impl, construct_like_syncbn
-from harness.impls.registry import register
+from harness.impls.base import Capabilities, Impl, ReproBinding, construct_like_syncbn
 from harness.judge.mode import Mode
 
 
-@register("torch")
 class TorchImpl(Impl):
     """``torch.nn.SyncBatchNorm`` and its ``convert_sync_batchnorm``."""
 
+    name = "torch"
     mode = Mode.NATIVE
     path = "module"  # how the CPU emulation gets past the module's device check (set per rank)
     capabilities = Capabilities(convert=True)
@@ -45,8 +44,8 @@ class TorchImpl(Impl):
 
         return cuda_plan.syncbn_unsupported_reason(case, device)
 
-    def repro_binding(self) -> dict:
-        return {"library": "torch", "code": "SyncBatchNorm = torch.nn.SyncBatchNorm", "on_cuda": True}
+    def repro_binding(self) -> ReproBinding:
+        return ReproBinding("torch", "SyncBatchNorm = torch.nn.SyncBatchNorm", on_cuda=True)
 
     def check_available_on(self, device: str) -> None:
         if device == "cpu":

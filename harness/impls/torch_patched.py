@@ -32,6 +32,7 @@ unavailable, naming the file.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import sys
 import types
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Optional
 
 from harness.errors import ImplUnavailable, UsageError
-from harness.impls.registry import register_prefix
+from harness.impls.base import ReproBinding
 from harness.impls.torch_native import TorchImpl
 
 PREFIX = "torch@"
@@ -144,14 +145,13 @@ class PatchedTorchImpl(TorchImpl):
         d["source"] = {rel: str(p) for rel, p in copy_files(self.source).items()}
         return d
 
-    def repro_binding(self) -> dict:
-        return {**super().repro_binding(), "library": "torch (patched)"}
+    def repro_binding(self) -> ReproBinding:
+        return dataclasses.replace(super().repro_binding(), library="torch (patched)")
 
     def version(self) -> Optional[str]:
         return f"{super().version()} with {self.source}"
 
 
-@register_prefix(PREFIX)
 def resolve(path: str) -> PatchedTorchImpl:
     """The adapter for ``torch@PATH``, given ``PATH``."""
     if not path:

@@ -1,7 +1,8 @@
 """``repro``: a standalone Python file that reproduces one (case, implementation).
 
 Two forms:
-- the short form (the default; :mod:`harness.repro.short`, its text in
+- the short form (the default; :mod:`harness.repro.short`, what the file
+  states in :mod:`harness.repro.short_file`, its literal blocks in
   :mod:`harness.repro.short_text`): an issue-ready file of about a hundred
   lines that shows the one symptom the harness observed
   (:mod:`harness.repro.symptom`) against ``torch.nn.BatchNorm`` in float64,
@@ -13,10 +14,22 @@ Two forms:
   copied from its source, with the harness's oracle and tolerances. It covers
   what the short form cannot state (model conversion, torch.compile, the
   collectives a rank issued).
+
+Why each form is written the way it is: the long form is the harness's own
+code, so it copies live, tested modules through ``ast`` and writes nothing
+from a template (a copy cannot drift from what the harness checks, and a
+maintainer may read it as the harness's source). The short form is not the
+harness's code: it is a hundred lines a maintainer reads first, so it is
+made of literal blocks (:mod:`harness.repro.short_text`, raw strings that
+are exactly what the file holds), chosen and filled with the case's
+constants by a :class:`~harness.repro.short_file.ShortFile`; only the
+docstring and the constants are generated. Both are kept honest the same
+way: tests write files and run them without the harness.
 """
 
 from __future__ import annotations
 
+import enum
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,16 +37,24 @@ from typing import Optional
 
 from harness.catalog.case import Case
 from harness.errors import UsageError
+from harness.impls.base import Impl
 from harness.repro import short
-from harness.repro.long import repro_source, resolve_impl
+from harness.repro.long import Kind, repro_source, resolve_impl
 from harness.repro.symptom import NoSymptom, symptom_of
+from harness.results.records import FAILURES, Record
 
-__all__ = ["Written", "find_case", "observe", "repro_source", "seen_line", "write_repro", "write_short"]
-FAILING = ("mismatch", "error", "crash", "hang")
+__all__ = ["Form", "Written", "find_case", "observe", "repro_source", "seen_line", "write_repro", "write_short"]
 
 
 # What a short file prints when it judged the symptom present (its exit code alone does not say it).
 SHOWN = "SYMPTOM SHOWS"
+
+
+class Form(enum.Enum):
+    """The two forms of a repro file (see the module docstring)."""
+
+    SHORT = "short"
+    LONG = "long"
 
 
 @dataclass
@@ -41,8 +62,8 @@ class Written:
     """A written repro file: its form, the record it reproduces, and what running it alone gave."""
 
     path: Path
-    form: str  # "short" | "long"
-    record: object = None  # the harness's record of the case (None with --no-run)
+    form: Form
+    record: Optional[Record] = None  # the harness's record of the case (None with --no-run)
     exit_code: Optional[int] = None  # the file's own exit code when verified (1: it shows the symptom)
     output: str = ""  # the verification run's last lines
     judged: bool = False  # the verification run printed SHOWN: the file itself judged the symptom present
@@ -108,17 +129,27 @@ def seen_line(record, case: Case) -> str:
     return line
 
 
-def write_short(case: Case, impl_name: str, record, path: Path, *, verify: bool = True,
+def write_short(case: Case, impl_name: str, record: Record, path: Path, *, verify: bool = True,
                 timeout: float = 600.0, title: str = "") -> Written:
     """Write the short form of ``record``'s failure of ``case`` to ``path`` (and run it once when ``verify``)."""
     from harness.impls.registry import resolve
 
     adapter = resolve(impl_name)
+    _check_expressible(case, adapter)
+    return _write_short(case, adapter, record, path, verify=verify, timeout=timeout, title=title)
+
+
+def _check_expressible(case: Case, adapter: Impl) -> None:
     reason = short.unexpressible(case, adapter)
     if reason:
         raise UsageError(f"{case.id}: {reason}; write the generated form with --long")
-    if record.status.value not in FAILING:
-        raise UsageError(f"{case.id} is {record.status.value} for {impl_name} here: there is no failure to "
+
+
+def _write_short(case: Case, adapter: Impl, record: Record, path: Path, *, verify: bool, timeout: float = 600.0,
+                 title: str = "") -> Written:
+    """:func:`write_short` for an adapter the short form can express."""
+    if record.status not in FAILURES:
+        raise UsageError(f"{case.id} is {record.status.value} for {adapter.key} here: there is no failure to "
                          "reproduce (the long form, --long, writes a file for any case)")
     try:
         symptom = symptom_of(record)
@@ -130,7 +161,7 @@ def write_short(case: Case, impl_name: str, record, path: Path, *, verify: bool 
         target = target.gpu_only()
     path.write_text(short.source(case, target, symptom, seen=seen_line(record, case), title=title))
     path.chmod(0o755)
-    written = Written(path, "short", record)
+    written = Written(path, Form.SHORT, record)
     if verify:
         try:
             proc = short.verify(path, timeout=timeout)
@@ -144,7 +175,8 @@ def write_short(case: Case, impl_name: str, record, path: Path, *, verify: bool 
 def write_repro(case_id: str, impl_name: str, *, output: Optional[str] = None, device: Optional[str] = None,
                 run_first: bool = True, timeout: float = 300.0, command: str = "", long: bool = False,
                 verify: bool = True) -> Written:
-    """Write the repro of ``case_id`` for ``impl_name`` (short form unless ``long``)."""
+    """Write the repro of ``case_id`` for ``impl_name`` (short form unless ``long``); the name is resolved once,
+    and the adapter (or how the long file loads it) is passed down."""
     from harness.selection import default_device
 
     from harness.impls.registry import resolve
@@ -153,24 +185,23 @@ def write_repro(case_id: str, impl_name: str, *, output: Optional[str] = None, d
     safe = case.id.replace("/", "_")
     path = Path(output or f"repro_{safe}_{impl_name.replace(':', '_').replace('.', '_')}.py").expanduser()
     if not long:
-        reason = short.unexpressible(case, resolve(impl_name))
-        if reason:
-            raise UsageError(f"{case.id}: {reason}; write the generated form with --long")
+        adapter = resolve(impl_name)
+        _check_expressible(case, adapter)
         if not run_first:
             raise UsageError("the short form reproduces the failure the harness observes, so it runs the case "
                              "first: drop --no-run, or write the generated form with --long")
         record = observe(case, impl_name, device or default_device(), timeout)
-        return write_short(case, impl_name, record, path, verify=verify)
-    impl = resolve_impl(impl_name)
-    if impl["kind"] == "torch" and device == "cpu":
+        return _write_short(case, adapter, record, path, verify=verify)
+    loading = resolve_impl(impl_name)
+    if loading.kind is Kind.TORCH and device == "cpu":
         raise UsageError("--impl torch --device cpu cannot be standalone in the long form: torch.nn.SyncBatchNorm "
                          "refuses CPU input; use --device cuda (the default for torch), or the short form, which "
                          "carries CPU stand-ins for torch's CUDA ops")
-    file_device = device or ("cuda" if impl["kind"] == "torch" else default_device())
+    file_device = loading.file_device(device, default_device())
     record = None
     if run_first:
-        record = observe(case, impl_name, default_device() if impl["kind"] == "torch" else file_device, timeout)
+        record = observe(case, impl_name, default_device() if loading.kind is Kind.TORCH else file_device, timeout)
     path.write_text(repro_source(case, impl_name, device=file_device, record=record, command=command,
-                                 filename=path.name, timeout=timeout))
+                                 filename=path.name, timeout=timeout, loading=loading))
     path.chmod(0o755)
-    return Written(path, "long", record)
+    return Written(path, Form.LONG, record)

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import ast
 import datetime
+import enum
 import importlib
 import importlib.util
 import inspect
 import json
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -68,7 +70,30 @@ PARTS = (
     ("harness.impls.apex", ("construct_apex", "convert_apex", "apex_forward")),
 )
 LAUNCHER = "harness.repro.standalone"
-KINDS = ("plugin", "torch", "apex", "reference")
+
+
+class Kind(str, enum.Enum):
+    """How the file loads the implementation (the launcher reads its value as ``KIND``)."""
+
+    PLUGIN = "plugin"  # MODULE:ATTR, or a named entry point's target
+    TORCH = "torch"
+    APEX = "apex"
+    REFERENCE = "reference"
+
+
+@dataclass(frozen=True)
+class Loading:
+    """How a long file loads ``--impl``: its kind and, for a plugin, module, attribute and where it was found."""
+
+    kind: Kind
+    module: Optional[str] = None
+    attr: Optional[str] = None
+    found_in: Optional[str] = None
+
+    def file_device(self, asked: Optional[str], here: str) -> str:
+        """The file's device: ``asked``, else CUDA for torch's layer (it refuses CPU input, and a standalone
+        file cannot register the harness's CPU kernels), else ``here``."""
+        return asked or ("cuda" if self.kind is Kind.TORCH else here)
 
 
 def _defined(node: ast.stmt) -> set[str]:
@@ -216,25 +241,26 @@ def _plugin_location(module: str) -> Optional[str]:
     return str(origin.parent.parent if spec.submodule_search_locations else origin.parent)
 
 
-def resolve_impl(name: str) -> dict:
-    """How the file loads ``name``: its kind and, for plugins, module, attribute and where it was found."""
+def resolve_impl(name: str) -> Loading:
+    """How the file loads ``name`` (see :class:`Loading`)."""
     from harness.impls import builtin_names, known_names
     from harness.impls.registry import entry_points
 
     if name in builtin_names():
-        if name not in KINDS:
+        builtins = [k.value for k in Kind if k is not Kind.PLUGIN]
+        if name not in builtins:
             raise UsageError(f"repro does not know how to load built-in {name!r}: choose one of "
-                             f"{', '.join(k for k in KINDS if k != 'plugin')}, or MODULE:ATTR")
-        return {"kind": name, "module": None, "attr": None, "found_in": None}
+                             f"{', '.join(builtins)}, or MODULE:ATTR")
+        return Loading(Kind(name))
     eps = entry_points()
     target = eps[name].value if name in eps else name
     module, sep, attr = target.partition(":")
     if not sep or not module or not attr:
         raise UsageError(f"unknown impl {name!r}: choose one of {', '.join(known_names())}, or MODULE:ATTR")
-    return {"kind": "plugin", "module": module, "attr": attr, "found_in": _plugin_location(module)}
+    return Loading(Kind.PLUGIN, module, attr, _plugin_location(module))
 
 
-def header(case: Case, impl_name: str, device: str, impl: dict, record, command: str) -> str:
+def header(case: Case, impl_name: str, device: str, impl: Loading, record, command: str) -> str:
     """The comment block: what was observed, on which build, and the command that found it."""
     from harness import __version__
     from harness.buildinfo import build_info
@@ -260,26 +286,26 @@ def header(case: Case, impl_name: str, device: str, impl: dict, record, command:
             f"Runs on {device} ({'nccl' if device == 'cuda' else (case.backend or 'gloo')}): python FILE, or "
             f"torchrun --nproc-per-node={case.world_size} FILE.",
             "Exit 0: agrees with the oracle. Exit 1: the disagreement is printed. Exit 2: cannot run here."]
-    if impl["kind"] == "torch":
+    if impl.kind is Kind.TORCH:
         out += ["NOTE: the harness observed this on CPU in its cpu-emulation mode (torch's SyncBatchNorm module and",
                 "autograd Function over the harness's CPU kernels for the five batch_norm_* ops, registered in its",
                 "rank processes). A standalone file cannot register those kernels, so this file runs torch's",
                 "SyncBatchNorm on CUDA with nccl, where a defect in torch's Python code reproduces as it is;",
                 "a difference in the kernels' arithmetic would be the harness's."]
-    if impl["kind"] == "reference":
-        out += ["NOTE: NOT standalone: the reference SyncBN needs the harness (harness.reference) and its C++",
-                "kernels (built on first use); install syncbn-harness to run it."]
-    if impl["kind"] == "plugin":
-        out += [f"The implementation is imported by name: {impl['module']}:{impl['attr']} (found in "
-                f"{impl['found_in']} when written; that folder is a fallback on sys.path)."]
+    if impl.kind is Kind.REFERENCE:
+        out += ["NOTE: NOT standalone: the reference SyncBN needs the harness (harness.impls.reference) and its",
+                "C++ kernels (built on first use); install syncbn-harness to run it."]
+    if impl.kind is Kind.PLUGIN:
+        out += [f"The implementation is imported by name: {impl.module}:{impl.attr} (found in "
+                f"{impl.found_in} when written; that folder is a fallback on sys.path)."]
     return "\n".join("# " + ln if ln else "#" for ln in out)
 
 
-def configuration(case: Case, impl_name: str, impl: dict, device: str, timeout: float) -> str:
+def configuration(case: Case, impl_name: str, impl: Loading, device: str, timeout: float) -> str:
     """The file's settings, assigned after the launcher's defaults."""
-    values = {"CASE": None, "IMPL_NAME": impl_name, "KIND": impl["kind"], "DEVICE": device,
+    values = {"CASE": None, "IMPL_NAME": impl_name, "KIND": impl.kind.value, "DEVICE": device,
               "BACKEND": "nccl" if device == "cuda" else (case.backend or "gloo"), "TIMEOUT_S": timeout,
-              "PLUGIN_MODULE": impl["module"], "PLUGIN_ATTR": impl["attr"], "FOUND_IN": impl["found_in"],
+              "PLUGIN_MODULE": impl.module, "PLUGIN_ATTR": impl.attr, "FOUND_IN": impl.found_in,
               "EMBEDDED": True}
     lines = ["# ---- this reproduction " + "-" * 58,
              f"CASE = Case.from_dict(json.loads({json.dumps(case.to_dict())!r}))"]
@@ -288,9 +314,9 @@ def configuration(case: Case, impl_name: str, impl: dict, device: str, timeout: 
 
 
 def repro_source(case: Case, impl_name: str, *, device: str, record=None, command: str = "",
-                 filename: str = "repro.py", timeout: float = 300.0) -> str:
-    """The text of the standalone file (see the module docstring)."""
-    impl = resolve_impl(impl_name)
+                 filename: str = "repro.py", timeout: float = 300.0, loading: Optional[Loading] = None) -> str:
+    """The text of the standalone file (see the module docstring); ``loading``: ``impl_name`` resolved already."""
+    impl = loading or resolve_impl(impl_name)
     text = "\n".join([
         "#!/usr/bin/env python3",
         header(case, impl_name, device, impl, record, command),

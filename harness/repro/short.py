@@ -48,8 +48,9 @@ from pathlib import Path
 from typing import Optional
 
 from harness.catalog.case import STEP_KINDS, Case
-from harness.repro import short_text as text
+from harness.repro.short_file import ShortFile, story
 from harness.repro.symptom import Symptom
+from harness.results.records import Status
 
 FILE_STEPS = ("train", "eval", "nograd", "eval-rank0")
 _UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
@@ -75,8 +76,7 @@ class Target:
         binding = impl.repro_binding()
         if binding is None:
             return None
-        return cls(impl.name, binding["library"], binding["code"], binding["on_cuda"],
-                   binding.get("cuda_only", False))
+        return cls(impl.name, binding.library, binding.code, binding.on_cuda, binding.cuda_only)
 
 
 def unexpressible(case: Case, impl) -> Optional[str]:
@@ -117,28 +117,27 @@ def source(case: Case, target: Target, symptom: Symptom, *, seen: str, title: st
     ``seen``: one line naming the builds the symptom was observed on (and whether on CUDA or only in
     cpu-emulation); ``title``: the first docstring line (default: the symptom in words).
     """
-    if symptom.status == "mismatch" and symptom.step is not None:
+    if symptom.status is Status.MISMATCH and symptom.step is not None:
         # The steps after the first one that shows the symptom change nothing about it.
         case = replace(case, steps=case.steps[:symptom.step + 1],
                        step_batch_sizes=case.step_batch_sizes[:symptom.step + 1] if case.step_batch_sizes else None)
     u_q, u_acc = tolerance_terms(case, symptom.quantity or "output")
     fmt = {"contiguous": None, "channels_last": "torch.channels_last",
            "channels_last_3d": "torch.channels_last_3d"}
-    values = dict(
+    file = ShortFile(
         title=title or f"{target.name.replace(':', '.')}: {symptom.describe()}",
-        story=text.story(case, target, symptom), seen=seen, library=target.library,
-        import_line=target.import_line, c=case.channels, spatial=[tuple(s) for s in case.spatial],
+        story=story(case, target, symptom), seen=seen, library=target.library,
+        import_line=target.import_line, channels=case.channels, spatial=[tuple(s) for s in case.spatial],
         step_sizes=[list(case.sizes_at(s)) for s in range(len(case.steps))], steps=list(case.steps),
-        dtype=f"torch.{case.dtype}", param_dtype=f"torch.{case.param_dtype}",
-        layer=dict(eps=case.eps, momentum=case.momentum, affine=case.affine,
-                   track_running_stats=case.track_running_stats),
-        seed=case.seed, normals=case.normals, draws=case.draws, ndim=case.ndim, u_q=u_q, u_acc=u_acc,
-        world=case.world_size, rank_seeds=case.seeds_of_ranks() if case.draws == "per-rank" else None,
+        dtype=f"torch.{case.dtype}", param_dtype=f"torch.{case.param_dtype}", eps=case.eps,
+        momentum=case.momentum, affine=case.affine, track_running_stats=case.track_running_stats,
+        seed=case.seed, normals=case.normals, draws=case.draws,
+        rank_seeds=case.seeds_of_ranks() if case.draws == "per-rank" else None, ndim=case.ndim, u_q=u_q, u_acc=u_acc,
         groups=[list(g) for g in case.groups] if case.groups else None,
         fmt=fmt[case.memory_format], gfmt=fmt[case.grad_memory_format or case.memory_format],
         input_mean=case.input_mean, input_scale=case.input_scale, constant=list(case.constant_channels),
-        symptom=symptom)
-    body = text.render(values, cuda=target.on_cuda or target.cuda_only, stand_ins=target.on_cuda)
+        symptom=symptom, cuda=target.on_cuda or target.cuda_only, stand_ins=target.on_cuda)
+    body = file.render()
     compile(body, "repro.py", "exec")
     return body
 

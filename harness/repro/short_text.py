@@ -1,20 +1,18 @@
-"""The text of a short repro file, in blocks chosen by what the case and its symptom need.
+"""The blocks of literal code a short repro file is made of.
 
-:func:`render` joins a docstring, the case's constants (each with a comment
-a maintainer can read) and fixed blocks of code. A block appears only where
-the case needs it (subgroups, a memory format, hostile inputs, torch's CPU
-stand-ins), so a plain case reads plainly. The blocks are literal code (raw
-strings, so what is here is what the file holds); the only generated text is
-the constants and the one line that says which quantity is observed.
-``tests/repro`` writes files for planted defects and for correct controls and
-runs them without the harness: that is what keeps these blocks honest.
+Each block is literal code (raw strings, so what is here is what the file
+holds), with ``@@NAME@@`` markers where :mod:`harness.repro.short_file`
+puts a constant, a name or a smaller block. Which blocks a file holds
+depends on the case and its symptom (subgroups, a memory format, hostile
+inputs, torch's CPU stand-ins), so a plain case reads plainly; that choice is
+:meth:`harness.repro.short_file.ShortFile.render`'s. ``tests/repro`` writes
+files for planted defects and for correct controls and runs them without the
+harness: that is what keeps these blocks honest.
 """
 
 from __future__ import annotations
 
-import textwrap
-
-from harness.catalog.case import Case
+from harness.judge.metric import Problem
 
 BN_CLASS = {2: "BatchNorm1d", 3: "BatchNorm1d", 4: "BatchNorm2d", 5: "BatchNorm3d"}
 
@@ -118,13 +116,14 @@ def check(rank, s, kind, got, want, tol):
 
 # What is wrong with the quantity, when it is not its values: (the test, what is printed).
 CHECK_ASPECT = {
-    "non-finite": ("bool(torch.isfinite(got).all()) or not bool(torch.isfinite(want).all())",
-                   r'f"{int((~torch.isfinite(got)).sum())} of {got.numel()} values NaN/Inf, expected '
-                   r'{int((~torch.isfinite(want)).sum())}\n"'),
-    "dtype": ("got.dtype == @@DTYPE@@", r'f"dtype {got.dtype}, expected {@@DTYPE@@}\n"'),
-    "layout": ("got.numel() == 0 or got.is_contiguous(memory_format=MEMORY_FORMAT)",
-               r'f"contiguous in {MEMORY_FORMAT}: {got.is_contiguous(memory_format=MEMORY_FORMAT)}\n"'),
-    "shape": ("tuple(got.shape) == tuple(want.shape)", r'f"shape {tuple(got.shape)}, expected {tuple(want.shape)}\n"'),
+    Problem.NON_FINITE: ("bool(torch.isfinite(got).all()) or not bool(torch.isfinite(want).all())",
+                         r'f"{int((~torch.isfinite(got)).sum())} of {got.numel()} values NaN/Inf, expected '
+                         r'{int((~torch.isfinite(want)).sum())}\n"'),
+    Problem.DTYPE: ("got.dtype == @@DTYPE@@", r'f"dtype {got.dtype}, expected {@@DTYPE@@}\n"'),
+    Problem.LAYOUT: ("got.numel() == 0 or got.is_contiguous(memory_format=MEMORY_FORMAT)",
+                     r'f"contiguous in {MEMORY_FORMAT}: {got.is_contiguous(memory_format=MEMORY_FORMAT)}\n"'),
+    Problem.SHAPE: ("tuple(got.shape) == tuple(want.shape)",
+                    r'f"shape {tuple(got.shape)}, expected {tuple(want.shape)}\n"'),
 }
 
 CHECK_ONE = r'''
@@ -283,128 +282,3 @@ def stand_in_cuda_ops():
     torch._C._get_privateuse1_backend_name = lambda: "cpu"
 '''
 
-
-def story(case: Case, target, symptom) -> str:
-    """The docstring's paragraph: who runs what on which data, compared with what."""
-    sizes = ", ".join(str(s) for s in case.batch_sizes)
-    where = ("on CUDA (see below without a GPU)" if target.on_cuda else "on CUDA" if target.cuda_only
-             else "(gloo, CPU)")
-    extras = [w for ok, w in [(case.memory_format != "contiguous", case.memory_format),
-                              (case.momentum is None, "momentum=None"), (not case.affine, "affine=False"),
-                              (not case.track_running_stats, "track_running_stats=False"),
-                              (case.groups is not None, f"process groups {[list(g) for g in case.groups or ()]}"),
-                              (case.input_mean != 0.0 or case.input_scale != 1.0,
-                               f"inputs {case.input_mean:g} + {case.input_scale:g} x N(offset, spread)"),
-                              (bool(case.constant_channels), f"constant channels {list(case.constant_channels)}")]
-              if ok]
-    layer = "torch.nn.SyncBatchNorm" if target.name == "torch" else target.name.replace(":", ".")
-    words = (f"{case.world_size} processes {where} run {layer} ({case.channels} channels, "
-             f"{case.dtype} input, {case.param_dtype} parameters{''.join(', ' + e for e in extras)}) on their "
-             f"parts of one batch ({sizes} samples of spatial size {tuple(case.spatial[0])}; steps: "
-             f"{', '.join(case.steps)}) and compare {symptom.quantity or 'the output'} with "
-             f"torch.nn.{BN_CLASS[case.ndim]} over the whole batch in float64.")
-    return "\n".join(textwrap.wrap(words, 100, break_on_hyphens=False, break_long_words=False))
-
-
-def constants(v: dict) -> str:
-    """The case's constants, each with what it means."""
-    sym = v["symptom"]
-    lines = [f"C, SPATIAL = {v['c']}, {v['spatial']!r}  # channels; each rank's spatial size",
-             f"STEP_SIZES = {v['step_sizes']!r}  # each step's batch size per rank",
-             f"STEPS = {v['steps']!r}  # train, eval: forward and backward; nograd: training forward, no_grad",
-             f"DTYPE, PARAM_DTYPE = {v['dtype']}, {v['param_dtype']}  # input; parameters and buffers",
-             f"LAYER = dict(eps={v['layer']['eps']!r}, momentum={v['layer']['momentum']!r}, "
-             f"affine={v['layer']['affine']!r}, track_running_stats={v['layer']['track_running_stats']!r})"]
-    if v["groups"]:
-        lines.append(f"GROUPS = {v['groups']!r}  # process subgroups; each normalizes over its own ranks")
-    if v["fmt"] or v["gfmt"]:
-        lines.append(f"MEMORY_FORMAT, GRAD_MEMORY_FORMAT = {v['fmt'] or 'torch.contiguous_format'}, "
-                     f"{v['gfmt'] or 'torch.contiguous_format'}")
-    if hostile(v):
-        lines.append(f"INPUT_MEAN, INPUT_SCALE, CONSTANT_CHANNELS = {v['input_mean']!r}, {v['input_scale']!r}, "
-                     f"{v['constant']!r}")
-    lines += [f"SEED = {v['seed']}",
-              f"SYMPTOM, QUANTITY, ERROR_TYPE = {sym.status!r}, {sym.quantity or 'output'!r}, "
-              f"{sym.exception_type!r}  # what shows the defect",
-              "# Tolerance: 16 unit roundoffs of the quantity's dtype, plus 16 of the accumulation type (float32;",
-              "# float64 for float64 input) x log2(values per channel) x the input's max|x| / sqrt(var + eps)",
-              f"U_Q, U_ACC = {v['u_q']!r}, {v['u_acc']!r}",
-              f"BN = torch.nn.{BN_CLASS[v['ndim']]}"]
-    return "\n".join(lines) + "\n"
-
-
-def hostile(v: dict) -> bool:
-    """Inputs other than the plain draws: an offset, a scale, constant channels."""
-    return v["input_mean"] != 0.0 or v["input_scale"] != 1.0 or bool(v["constant"])
-
-
-def data_block(v: dict) -> str:
-    """The ``data`` function: hostile inputs where the case has them, normals in the case's dtype, from one
-    generator or (a case drawn per rank) each rank's samples from a generator of its own."""
-    draw, widen, drawn = NORMALS[v["normals"]]
-    gens, ranks = "", "n, sp in zip(sizes, SPATIAL)"
-    if v.get("draws") == "per-rank":
-        draw = draw.replace("**f64)", "dtype=torch.float64, generator=g)").replace("generator=g)",
-                                                                                 "generator=own[r])")
-        drawn = drawn[:-1] + ",\n    each rank's by a generator of its own."
-        gens = PER_RANK_GENERATORS.replace("@@RANK_SEEDS@@", repr(list(v["rank_seeds"])))
-        ranks = "r, (n, sp) in enumerate(zip(sizes, SPATIAL))"
-    return (DATA.replace("@@HOSTILE@@", HOSTILE if hostile(v) else "").replace("@@NORMALS@@", draw)
-            .replace("@@WIDEN@@", widen).replace("@@DRAWN@@", drawn).replace("@@GENS@@", gens)
-            .replace("@@RANKS@@", ranks))
-
-
-def check_block(sym) -> str:
-    """The ``check`` function for the symptom's aspect."""
-    if sym.status != "mismatch" or sym.aspect == "value":
-        return CHECK_VALUE
-    if sym.aspect == "across-ranks":
-        return CHECK_ACROSS
-    cond, shown = CHECK_ASPECT[sym.aspect]
-    dtype = "DTYPE" if sym.quantity in ("output", "grad_input") else "PARAM_DTYPE"
-    return CHECK_ONE.replace("@@COND@@", cond.replace("@@DTYPE@@", dtype)).replace(
-        "@@SHOWN@@", shown.replace("@@DTYPE@@", dtype))
-
-
-def render(v: dict, *, cuda: bool, stand_ins: bool = True) -> str:
-    """The whole file (see the module docstring); ``cuda`` without ``stand_ins``: a GPU is needed."""
-    sym = v["symptom"]
-    device = ('"cuda" if torch.cuda.is_available() else "cpu"' if stand_ins else '"cuda"') if cuda else '"cpu"'
-    backend = ('"nccl" if DEVICE == "cuda" and torch.cuda.device_count() >= len(SPATIAL) else "gloo"'
-               if cuda else '"gloo"')
-    needs = "torch" if v["library"] == "torch" else f"torch and {v['library']}"
-    needs = f"{needs} and a GPU ({v['library']}'s kernels here are CUDA kernels)" if cuda and not stand_ins else needs
-    doc = [f'"""{v["title"].rstrip(".")}.', "", v["story"], "",
-           *textwrap.wrap(f"Seen: {v['seen'].rstrip('.')}.", 100, break_on_hyphens=False, break_long_words=False),
-           *textwrap.wrap(f"Needs only {needs}. Exit 1: the symptom shows; 0: it does not (fixed); 2: something "
-                          "else failed.", 100, break_on_hyphens=False)]
-    if cuda and stand_ins:
-        doc += ["Without a GPU, torch's SyncBatchNorm runs over plain-torch CPU stand-ins for its five CUDA ops",
-                "(stand_in_cuda_ops below): a symptom seen that way lives in torch's Python code."]
-    quantity = sym.quantity or "output"
-    across = sym.status == "mismatch" and sym.aspect == "across-ranks"
-    gap = "\n\n" if "\ndef " in "\n" + v["import_line"] else ""  # two blank lines after a function
-    parts = ["#!/usr/bin/env python3", "\n".join(doc) + '\n"""', IMPORTS, "\n" + v["import_line"] + "\n\n",
-             gap + constants(v) + f"DEVICE = {device}\nBACKEND = {backend}\n{START[cuda]}\n",
-             data_block(v), TOLERANCE,
-             OBSERVE_DEF.replace("@@OBSERVE@@", OBSERVE[quantity])]
-    if quantity in ("grad_weight", "grad_bias"):
-        parts.append(TOTAL)
-    parts.append(check_block(sym))
-    if cuda and stand_ins:
-        parts.append(CPU_STAND_INS)
-    fmt, steps = v["fmt"] or v["gfmt"], v["steps"]
-    nograd = "nograd" in steps
-    if nograd:
-        parts[2] = "import contextlib\n" + parts[2]
-    own = not v["layer"]["track_running_stats"] and any(k not in ("train", "nograd") for k in steps)
-    parts += [RANK.replace("@@DEVICE@@", (CUDA_DEVICE if stand_ins else CUDA_ONLY_DEVICE) if cuda else "")
-              .replace("@@RANK0@@", RANK0 if "eval-rank0" in steps else "")
-              .replace("@@FORWARD@@", FORWARD_NOGRAD if nograd else FORWARD)
-              .replace("@@TOGETHER@@", TOGETHER_OWN if own else TOGETHER)
-              .replace("@@GROUPS@@", GROUPS_BLOCK if v["groups"] else WORLD_BLOCK)
-              .replace("@@FMT@@", ".to(memory_format=MEMORY_FORMAT)" if fmt else "")
-              .replace("@@GFMT@@", ".to(memory_format=GRAD_MEMORY_FORMAT)" if fmt else "")
-              .replace("@@CHECK_GROUP@@", ", group, members" if across else ""),
-              MAIN.replace("@@NEEDS_GPU@@", NEEDS_GPU if cuda and not stand_ins else "")]
-    return "\n".join(p.rstrip("\n") for p in parts) + "\n"

@@ -188,7 +188,10 @@ def spawn_ranks() -> tuple[list[RankResult], list[str]]:
 
 
 def under_torchrun() -> bool:
-    return "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+    """Whether torchrun started this process: it sets all three. RANK and WORLD_SIZE alone may be left in the
+    environment by something else (a job script), and would send the file to a rendezvous nobody serves."""
+    env = os.environ
+    return "TORCHELASTIC_RUN_ID" in env and "RANK" in env and "WORLD_SIZE" in env
 
 
 def torchrun_rank() -> tuple[list[RankResult], int]:

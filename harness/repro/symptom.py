@@ -23,8 +23,9 @@ input modified in place, a converted model's structure) has no symptom here:
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from harness.judge.metric import Problem
 from harness.judge.metric_key import MetricKey
@@ -32,8 +33,19 @@ from harness.results.records import RankStatus, Record, Status
 
 QUANTITIES = ("output", "grad_input", "grad_weight", "grad_bias", "running_mean", "running_var",
               "num_batches_tracked")
-ASPECTS = ("value", "non-finite", "dtype", "layout", "shape", "across-ranks")
-# The record's words for a structural problem -> the aspect (the first match wins).
+
+
+class Aspect(str, enum.Enum):
+    """What is wrong with a tensor besides a structural :class:`~harness.judge.metric.Problem`."""
+
+    VALUE = "value"  # its values
+    ACROSS_RANKS = "across-ranks"  # the ranks of a group disagree bitwise
+
+
+# What a mismatch breaks in the tensor, in words.
+WORDS = {Aspect.VALUE: "differs from BatchNorm's", Problem.NON_FINITE: "is NaN/Inf where BatchNorm's is finite",
+         Problem.DTYPE: "has the wrong dtype", Problem.LAYOUT: "loses the input's memory format",
+         Problem.SHAPE: "has the wrong shape", Aspect.ACROSS_RANKS: "differs between the ranks of a group"}
 
 
 class NoSymptom(ValueError):
@@ -44,9 +56,9 @@ class NoSymptom(ValueError):
 class Symptom:
     """One failure a short file checks for: ``status`` and its particulars."""
 
-    status: str  # mismatch | error | crash | hang
+    status: Status  # one of FAILURES: mismatch, error, crash, hang
     quantity: Optional[str] = None  # mismatch: one of QUANTITIES
-    aspect: Optional[str] = None  # mismatch: one of ASPECTS
+    aspect: Optional[Union[Problem, Aspect]] = None  # mismatch: what is wrong with the quantity
     step: Optional[int] = None  # mismatch: the first step it shows in
     exception_type: Optional[str] = None  # error
     signal: Optional[str] = None  # crash: "SIGABRT", or "exit 3"
@@ -54,21 +66,18 @@ class Symptom:
 
     def describe(self) -> str:
         """A few words: ``running_var differs``, ``raises TypeError``, ``a rank dies (SIGABRT)``."""
-        if self.status == "error":
+        if self.status is Status.ERROR:
             return f"raises {self.exception_type}"
-        if self.status == "crash":
+        if self.status is Status.CRASH:
             return f"a rank dies ({self.signal})"
-        if self.status == "hang":
+        if self.status is Status.HANG:
             return "the ranks hang"
-        words = {"value": "differs from BatchNorm's", "non-finite": "is NaN/Inf where BatchNorm's is finite",
-                 "dtype": "has the wrong dtype", "layout": "loses the input's memory format",
-                 "shape": "has the wrong shape", "across-ranks": "differs between the ranks of a group"}
-        return f"{self.quantity} {words[self.aspect]}"
+        return f"{self.quantity} {WORDS[self.aspect]}"
 
 
-def aspect_of(kind: Optional[Problem]) -> str:
-    """A metric's kind of structural problem -> the aspect it breaks (``value`` when it has none)."""
-    return kind.value if kind is not None else "value"
+def aspect_of(kind: Optional[Problem]) -> Union[Problem, Aspect]:
+    """A metric's kind of structural problem, or :attr:`Aspect.VALUE` when it has none."""
+    return kind if kind is not None else Aspect.VALUE
 
 
 def symptom_of(record: Record) -> Symptom:
@@ -76,14 +85,14 @@ def symptom_of(record: Record) -> Symptom:
     first = record.message.splitlines()[0] if record.message else ""
     if record.status == Status.ERROR:
         rank = record.first_rank(RankStatus.ERROR)
-        return Symptom("error", exception_type=(rank.exception_type if rank else None) or "Exception",
+        return Symptom(Status.ERROR, exception_type=(rank.exception_type if rank else None) or "Exception",
                        message=(rank.message if rank and rank.message else first))
     if record.status == Status.CRASH:
         rank = record.first_rank(RankStatus.CRASH)
         sig = (rank.signal or f"exit {rank.exit_code}") if rank else "crash"
-        return Symptom("crash", signal=sig, message=first)
+        return Symptom(Status.CRASH, signal=sig, message=first)
     if record.status == Status.HANG:
-        return Symptom("hang", message=first)
+        return Symptom(Status.HANG, message=first)
     if record.status != Status.MISMATCH:
         raise NoSymptom(f"a {record.status.value} record shows no failure to reproduce")
     failing = record.failing_metrics()
@@ -98,8 +107,8 @@ def symptom_of(record: Record) -> Symptom:
 def _tensor_symptom(name: str, kind: Optional[Problem], message: str) -> Optional[Symptom]:
     key = MetricKey.parse(name)
     if key.summed and key.quantity in ("grad_weight", "grad_bias") and not key.across_ranks:
-        return Symptom("mismatch", key.quantity, aspect_of(kind), key.step, message=message)
+        return Symptom(Status.MISMATCH, key.quantity, aspect_of(kind), key.step, message=message)
     if key.step is None or key.phase is None or key.tensor not in QUANTITIES:
         return None
-    aspect = "across-ranks" if key.across_ranks else aspect_of(kind)
-    return Symptom("mismatch", key.tensor, aspect, key.step, message=message)
+    aspect = Aspect.ACROSS_RANKS if key.across_ranks else aspect_of(kind)
+    return Symptom(Status.MISMATCH, key.tensor, aspect, key.step, message=message)

@@ -52,7 +52,7 @@ def write_repros(result: SearchResult, out: Path, device: str, command: str) -> 
     """One standalone file per new finding, named in the finding (``repro_file``, ``repro_verdict``)."""
     from harness.errors import UsageError
     from harness.repro import write_short
-    from harness.repro.long import repro_source
+    from harness.repro.long import repro_source, resolve_impl
 
     out.mkdir(parents=True, exist_ok=True)
     for n, f in enumerate(result.findings, 1):
@@ -63,9 +63,9 @@ def write_repros(result: SearchResult, out: Path, device: str, command: str) -> 
             f.repro_verdict = write_short(f.minimal, f.impl, f.record, path, title=f.signature).verdict()
         except UsageError as exc:  # the short form cannot state it: the generated form, with why
             try:
-                long_device = "cuda" if f.impl == "torch" else device
-                path.write_text(repro_source(f.minimal, f.impl, device=long_device, record=f.record,
-                                             command=command, filename=path.name))
+                loading = resolve_impl(f.impl)
+                path.write_text(repro_source(f.minimal, f.impl, device=loading.file_device(None, device),
+                                             record=f.record, command=command, filename=path.name, loading=loading))
             except UsageError as no_long:  # neither form: the finding says why, the summary is still written
                 f.repro_verdict = f"no repro file ({exc}; the long form: {no_long})"
                 continue

@@ -195,13 +195,13 @@ def test_repro_bindings():
     """Standalone files bind SyncBatchNorm to timm's layer and detectron2's class; converters have none."""
     import ast
 
-    assert resolve("mmengine").repro_binding() is None and resolve("lightning").repro_binding() is None
+    assert all(resolve(name).repro_binding() is None for name in ("timm", "mmengine", "lightning"))
     timm = resolve("timm-layer").repro_binding()
-    assert timm["library"] == "timm" and timm["on_cuda"] and "SyncBatchNormAct" in timm["code"]
-    ast.parse(timm["code"])
+    assert timm.library == "timm" and timm.on_cuda and "SyncBatchNormAct" in timm.code
+    ast.parse(timm.code)
     if _d2_reason():
         return  # detectron2's binding names the module that is importable here
     for name, mode in (("detectron2", "''"), ("detectron2-n", "'N'")):
         d2 = resolve(name).repro_binding()
-        ast.parse(d2["code"])
-        assert f"stats_mode={mode}" in d2["code"] and not d2["on_cuda"]
+        ast.parse(d2.code)
+        assert f"stats_mode={mode}" in d2.code and not d2.on_cuda

@@ -19,6 +19,7 @@ import pytest
 from cli_here import run_here
 
 from harness.judge import oracle
+from harness.repro import Form
 
 CASE = "allgather-shape/uneven-2-6/float64-float64/contiguous/ws2"
 
@@ -138,7 +139,7 @@ def test_repro_of_a_network_case_is_standalone_too(plugins, tmp_path, case, writ
     for plugin, code, word in (("good_bn", 0, "PASS"), ("biased_bn", 1, "FAIL")):
         out = tmp_path / f"repro_{plugin}.py"
         written = write_here(case, f"{plugin}:SyncBatchNorm", out, str(plugins), long=True)
-        assert written.form == "long" and written.record is not None
+        assert written.form is Form.LONG and written.record is not None
         assert not re.search(r"^\s*(import|from)\s+harness\b", out.read_text(), re.M)
         ran = run_standalone(out, plugins, launcher=(sys.executable,))
         assert ran.returncode == code, ran.stdout + ran.stderr
@@ -149,7 +150,25 @@ def test_repro_of_a_network_case_is_standalone_too(plugins, tmp_path, case, writ
 def test_exit_1_without_the_files_own_line_is_a_broken_file_not_the_symptom(tmp_path):
     from harness.repro import Written
 
-    broke = Written(tmp_path / "r.py", "short", exit_code=1, output="Traceback ...\nImportError: no module x")
+    broke = Written(tmp_path / "r.py", Form.SHORT, exit_code=1, output="Traceback ...\nImportError: no module x")
     assert broke.verdict().startswith("exits 1 without its 'SYMPTOM SHOWS' line: it broke before judging")
-    shown = Written(tmp_path / "r.py", "short", exit_code=1, output="SYMPTOM SHOWS (crash): ...", judged=True)
+    shown = Written(tmp_path / "r.py", Form.SHORT, exit_code=1, output="SYMPTOM SHOWS (crash): ...", judged=True)
     assert shown.verdict() == "shows the symptom standalone (exit 1)"
+
+
+def test_the_file_takes_the_torchrun_path_only_when_torchrun_started_it(monkeypatch):
+    """torchrun sets TORCHELASTIC_RUN_ID, RANK and WORLD_SIZE; RANK and WORLD_SIZE left by something else must
+    not send the file to a rendezvous nobody serves (the harness's own rule, engine.plan.under_torchrun)."""
+    from harness.engine import plan
+    from harness.repro import standalone
+
+    for var in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert not standalone.under_torchrun() and not plan.under_torchrun()
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    assert not standalone.under_torchrun() and not plan.under_torchrun()
+    monkeypatch.setenv("RANK", "0")
+    assert standalone.under_torchrun() and plan.under_torchrun()

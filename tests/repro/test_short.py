@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 from cli_here import run_here
 
+from harness.repro import Form
+
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 
 # (planted defect in tests/support, a case that catches it, what the file must check)
@@ -112,7 +114,7 @@ def assert_short_and_standalone(text: str) -> None:
 def test_short_repro_shows_the_defect_and_passes_once_fixed(impl, case, shows, plugins, bare_python, tmp_path,
                                                             write_here):
     path = tmp_path / "repro.py"
-    assert write_here(case, impl, path, plugins).form == "short"
+    assert write_here(case, impl, path, plugins).form is Form.SHORT
     text = path.read_text()
     assert_short_and_standalone(text)
 

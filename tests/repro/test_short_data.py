@@ -16,6 +16,7 @@ from harness import catalog
 from harness.catalog.data import materialize
 from harness.repro.short import Target, source
 from harness.repro.symptom import Symptom
+from harness.results.records import Status
 from harness.search import space
 
 SEARCH_HOSTILE = space.make_case(batch_sizes=(3, 0), spatial=((2, 5), (2, 5)), channels=3, dtype="float16",
@@ -33,7 +34,7 @@ SEARCH_HOSTILE = space.make_case(batch_sizes=(3, 0), spatial=((2, 5), (2, 5)), c
 ], ids=["catalog", "catalog-hostile", "search", "search-hostile", "search-sequential", "search-rank-removed"])
 def test_the_short_files_data_is_the_cases_data(case):
     text = source(case, Target("torch", "torch", "from torch.nn import SyncBatchNorm", on_cuda=False),
-                  Symptom("error", exception_type="RuntimeError"), seen="test")
+                  Symptom(Status.ERROR, exception_type="RuntimeError"), seen="test")
     assert ("the samples' drawn in float32" in text) == (case.normals == "float32")
     assert ("each rank's by a generator of its own." in text) == (case.draws == "per-rank")
     assert ("drawn in float64 from SEED." in text) == (case.normals == "float64")
