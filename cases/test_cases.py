@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from harness.results.records import NOT_RUN, Status
+from harness.judge.status import NOT_RUN, Status
 
 
 class KnownIssueNowPasses(UserWarning):

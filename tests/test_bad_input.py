@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from harness import catalog
 from harness.errors import HarnessError
 from harness.results import known_issues
-from harness.results.records import Record, Status
+from harness.judge.status import Status
+from harness.results.records import Record
 from harness.results.store import Store, read_file
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

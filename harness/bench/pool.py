@@ -24,7 +24,7 @@ def _fresh_rank(rank: int, world_size: int, port: int, case_dict: dict) -> None:
     from harness.catalog.case import Case
     from harness.engine.messages import Task
     from harness.engine.rank import RankContext, run_task
-    from harness.results.records import RankStatus
+    from harness.judge.status import RankStatus
 
     store = dist.TCPStore("127.0.0.1", port, world_size + 1, False)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
@@ -59,7 +59,7 @@ def bench_pool(cases: int = 300, fresh_cases: int = 5, echo=print) -> dict:
     from harness import catalog
     from harness.engine.messages import Task
     from harness.engine.pool import Pool
-    from harness.results.records import Status
+    from harness.judge.status import Status
 
     selected = catalog.select(list(POOL_CASES))
     tasks = [Task(case=c.to_dict(), impl="reference", device="cpu") for c in selected]

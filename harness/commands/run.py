@@ -37,7 +37,7 @@ def run(selection, store_dir, resume, fmt, junit, compare, verbose, no_diagnose)
     from harness.errors import Terminated
     from harness.results.console import cut
     from harness.results.progress import Progress, wanted
-    from harness.results.records import Status
+    from harness.judge.status import Status
     from harness.results.verdict import exit_code
 
     store_dir = store_dir or default_store()

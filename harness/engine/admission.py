@@ -23,7 +23,7 @@ from typing import Optional
 
 from harness.engine.messages import Task
 from harness.errors import ImplUnavailable
-from harness.results.records import Status
+from harness.judge.status import Status
 from harness.scenarios import unsupported_reason as scenario_unsupported
 
 

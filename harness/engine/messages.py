@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Optional
 
 from harness.judge.metric import Metric
-from harness.results.records import RankOutcome, RankStatus, Status
+from harness.judge.status import RankOutcome, RankStatus, Status
 from harness.scenarios.across import Across
 
 

@@ -38,7 +38,7 @@ from harness.engine.rank import START_TIMEOUT_S, calls_path, rank_main, timedelt
 from harness.engine.reuse import reusable
 from harness.engine.waiting import Look, Probe, Stop, WaitState
 from harness.errors import HarnessError
-from harness.results.records import RankStatus, Status
+from harness.judge.status import RankStatus, Status
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Iterable, Optional
 
 from harness.judge.call import read_calls
-from harness.results.records import RankStatus
+from harness.judge.status import RankStatus
 
 REUSABLE_STATUSES = frozenset({RankStatus.PASS, RankStatus.MISMATCH, RankStatus.ERROR})
 

@@ -28,7 +28,8 @@ from harness.engine import admission, assemble
 from harness.engine.admission import gpu_shortage  # noqa: F401 - re-exported for callers of this module
 from harness.engine.diagnosis import diagnose
 from harness.engine.pool import Pool
-from harness.results.records import Record, Status
+from harness.judge.status import Status
+from harness.results.records import Record
 from harness.impls import resolve_impls  # noqa: F401 - re-exported for callers of this module
 from harness.selection import RunOptions
 

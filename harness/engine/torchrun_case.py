@@ -35,7 +35,8 @@ from harness.engine.collectives import recorded
 from harness.engine.messages import RankResult, TaskOutcome
 from harness.engine.torchrun_protocol import DEAD_AFTER_S, DUMP_GRACE_S, HEARTBEAT_S, POLL_S, CaseKeys
 from harness.engine.waiting import PEER_GRACE_S, Look, Probe, Reason, Stop, WaitState
-from harness.results.records import RankStatus, Record, Status
+from harness.judge.status import RankStatus, Status
+from harness.results.records import Record
 
 # faulthandler's words for fatal signals -> the signal's name
 FATAL = {"Segmentation fault": "SIGSEGV", "Aborted": "SIGABRT", "Bus error": "SIGBUS",

@@ -56,7 +56,7 @@ from typing import Optional, Union
 from harness.engine.attribution import DeadlockWatch, Observation, in_collective, waits_for_good
 from harness.engine.messages import RankResult
 from harness.engine.reuse import raised_in_collective
-from harness.results.records import RankStatus
+from harness.judge.status import RankStatus
 
 PEER_GRACE_S = 3.0  # after a first failure, how long the others get to answer
 RECHECK_S = 0.05  # after a failure, how often the silent ranks' collectives are read again

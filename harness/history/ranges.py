@@ -30,8 +30,8 @@ from packaging.version import Version
 
 from harness.history.table import History, Row
 from harness.results.known_issues import KnownIssue, explain
-from harness.results.records import FAILURES
-from harness.results.records import NOT_RUN as NOT_RUN_STATUSES
+from harness.judge.status import FAILURES
+from harness.judge.status import NOT_RUN as NOT_RUN_STATUSES
 
 FAILED = frozenset(s.value for s in FAILURES)
 NOT_RUN = frozenset(s.value for s in NOT_RUN_STATUSES)

@@ -41,7 +41,8 @@ from harness.impls.base import Impl
 from harness.repro import short
 from harness.repro.long import Kind, repro_source, resolve_impl
 from harness.repro.symptom import NoSymptom, symptom_of
-from harness.results.records import FAILURES, Record
+from harness.judge.status import FAILURES
+from harness.results.records import Record
 
 __all__ = ["Form", "Written", "find_case", "observe", "repro_source", "seen_line", "write_repro", "write_short"]
 

@@ -50,7 +50,7 @@ from typing import Optional
 from harness.catalog.case import STEP_KINDS, Case
 from harness.repro.short_file import ShortFile, story
 from harness.repro.symptom import Symptom
-from harness.results.records import Status
+from harness.judge.status import Status
 
 FILE_STEPS = ("train", "eval", "nograd", "eval-rank0")
 _UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}

@@ -22,7 +22,7 @@ from harness.repro.short_text import (BN_CLASS, CHECK_ACROSS, CHECK_ASPECT, CHEC
                                       PER_RANK_GENERATORS, RANK, RANK0, START, TOGETHER, TOGETHER_OWN, TOLERANCE,
                                       TOTAL, WORLD_BLOCK)
 from harness.repro.symptom import Aspect, Symptom
-from harness.results.records import Status
+from harness.judge.status import Status
 
 
 @dataclass(frozen=True)

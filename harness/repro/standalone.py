@@ -34,7 +34,7 @@ from harness.engine.messages import RankResult, Task
 from harness.engine.rank import RankContext, run_task
 from harness.impls.apex import apex_forward, construct_apex, convert_apex
 from harness.impls.base import construct_like_syncbn
-from harness.results.records import RankStatus
+from harness.judge.status import RankStatus
 
 # The file's configuration (the writer assigns these after this code).
 CASE: Case = None  # type: ignore[assignment]

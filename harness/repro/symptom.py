@@ -29,7 +29,8 @@ from typing import Optional, Union
 
 from harness.judge.metric import Problem
 from harness.judge.metric_key import MetricKey
-from harness.results.records import RankStatus, Record, Status
+from harness.judge.status import RankStatus, Status
+from harness.results.records import Record
 
 QUANTITIES = ("output", "grad_input", "grad_weight", "grad_bias", "running_mean", "running_var",
               "num_batches_tracked")

@@ -25,7 +25,8 @@ import math
 import textwrap
 from typing import Callable, Optional, Sequence
 
-from harness.results.records import NOT_RUN, Record, Status
+from harness.judge.status import NOT_RUN, Status
+from harness.results.records import Record
 
 Echo = Callable[[str], None]
 WIDTH = 100

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from harness.results import compile_stats, fingerprint
-from harness.results.records import FAILURES, Record, Status
+from harness.judge.status import FAILURES, Status
+from harness.results.records import Record
 
 
 

@@ -23,7 +23,8 @@ from itertools import groupby
 from typing import Optional
 
 from harness.judge.call import Call, read_calls
-from harness.results.records import RankStatus, Record
+from harness.judge.status import RankStatus
+from harness.results.records import Record
 
 
 def _call(c: Call, world: tuple[int, ...]) -> str:

@@ -11,7 +11,8 @@ import json
 from typing import Iterable
 
 from harness.results import compile_stats, fingerprint
-from harness.results.records import FAILURES, WORST_FIRST, RankStatus, Record
+from harness.judge.status import FAILURES, WORST_FIRST, RankStatus
+from harness.results.records import Record
 from harness.results.severity import Severity, assess
 from harness.results.store import record_key
 

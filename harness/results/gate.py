@@ -30,7 +30,8 @@ from typing import Optional, Sequence
 from harness.errors import UsageError
 from harness.results.diff import DEFAULT_RULE, MISSING_ON_A_SIDE, Change, ChangeKind, GrowthRule, changes
 from harness.results.junit import detail
-from harness.results.records import NOT_RUN, Record, Status
+from harness.judge.status import NOT_RUN, Status
+from harness.results.records import Record
 from harness.results.store import Store, Where, read_file, record_key
 
 MISSING = "MISSING"

@@ -22,7 +22,8 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Sequence
 
-from harness.results.records import NOT_RUN, Record, Status
+from harness.judge.status import NOT_RUN, Status
+from harness.results.records import Record
 
 MAX_MESSAGE = 4096
 MAX_DETAIL = 65536

@@ -34,7 +34,8 @@ from packaging.version import InvalidVersion, Version
 from harness.errors import UsageError
 from harness.judge.mode import Mode, parse as parse_mode
 from harness.results import symptoms as symptoms_mod
-from harness.results.records import KnownIssueMatch, Record, Status
+from harness.judge.status import Status
+from harness.results.records import KnownIssueMatch, Record
 
 if sys.version_info >= (3, 11):
     import tomllib

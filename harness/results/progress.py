@@ -18,7 +18,8 @@ import sys
 import time
 from typing import Mapping, Optional, TextIO
 
-from harness.results.records import Record, Status
+from harness.judge.status import Status
+from harness.results.records import Record
 
 BAR_FORMAT = "{n_fmt}/{total_fmt} cases |{bar:12}| {desc}  [{elapsed}<{remaining}]"
 

@@ -45,7 +45,7 @@ from harness.errors import HarnessError
 from harness.results import compile_stats, timeline
 from harness.results.page import FAILING, Page, gather, write_csv
 from harness.results.plots import plottable, scatter_png
-from harness.results.records import FAILURES, WORST_FIRST
+from harness.judge.status import FAILURES, WORST_FIRST
 
 # Worst first: a cell takes the color of its worst status; "known" is a failure the known-issues file expects.
 SEVERITY = FAILING + ("known",) + tuple(s.value for s in WORST_FIRST if s not in FAILURES)

@@ -45,7 +45,8 @@ from typing import Optional
 from harness.catalog.dtypes import HALF_DTYPES, ROUNDOFF_OF
 from harness.judge.metric import Problem
 from harness.judge.metric_key import MetricKey
-from harness.results.records import Record, Status
+from harness.judge.status import Status
+from harness.results.records import Record
 
 ULP_SCALE = 64  # unit roundoffs of a tensor's dtype below which an error is precision, not a wrong value
 _PER_INPUT = ("output", "grad_input")  # tensors in the input's dtype; the rest are in the parameters'

@@ -28,7 +28,8 @@ import fnmatch
 import re
 from typing import Iterable
 
-from harness.results.records import FAILURES, Record, RankStatus
+from harness.judge.status import FAILURES, RankStatus
+from harness.results.records import Record
 
 _RANK_PREFIX = re.compile(r"^rank\d+\.")
 KINDS = ("mismatch", "error", "crash", "hang")

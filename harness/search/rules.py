@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Collection, Optional, Sequence
 
 from harness.catalog.case import Case
-from harness.results.records import KnownIssueMatch, Record, Status
+from harness.judge.status import Status
+from harness.results.records import KnownIssueMatch, Record
 from harness.search.signature import signature
 from harness.search.space import size_of
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import Optional
 
 from harness.judge.metric_key import MetricKey
-from harness.results.records import RankStatus, Record, Status
+from harness.judge.status import RankStatus, Status
+from harness.results.records import Record
 
 
 def tensor_kind(metric_name: str) -> str:

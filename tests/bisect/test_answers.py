@@ -24,7 +24,8 @@ from harness.bisect.overlay import Binary, OverlayPlan, OverlayPolicy, PathKind,
 from harness.bisect.verdicts import Evaluation
 from harness.commands.bisect import INSIDE_DAY, NIGHTLIES, OVERLAY, RELEASES, refuse_flags
 from harness.errors import UsageError
-from harness.results.records import Record, Status
+from harness.judge.status import Status
+from harness.results.records import Record
 from harness.selection import Selection
 
 SHAS = [c * 40 for c in "0123456789"]

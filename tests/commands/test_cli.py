@@ -25,7 +25,8 @@ from harness import catalog
 from harness.commands import cli, load_commands, main
 from harness.judge.metric import Metric
 from harness.results.console import format_ratio, print_table
-from harness.results.records import Record, Status
+from harness.judge.status import Status
+from harness.results.records import Record
 
 load_commands()
 

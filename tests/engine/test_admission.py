@@ -10,7 +10,7 @@ import pytest
 from harness import catalog
 from harness.engine.admission import Refusal, gpu_shortage, refusal, task_for, unavailable
 from harness.errors import ImplUnavailable
-from harness.results.records import Status
+from harness.judge.status import Status
 from harness.selection import RunOptions
 
 LAYER = "allgather-shape/even-4-4/float32-float32/contiguous/ws2"

@@ -6,7 +6,7 @@ import pytest
 
 from harness.engine.attribution import DeadlockWatch, Observation, attribute, blocked_at, deadlock, waits_for_good
 from harness.engine.messages import RankResult
-from harness.results.records import RankStatus, Status
+from harness.judge.status import RankStatus, Status
 
 WORLD = [0, 1]
 IN_COLLECTIVE = 'Current thread 0x1 (most recent call first):\n  File "torch/distributed/distributed_c10d.py", line 1'

@@ -8,7 +8,7 @@ the two cases' data differ, but an implementation issues the same collectives on
 from __future__ import annotations
 
 from harness.engine.session import RunOptions, Session, resolve_impls
-from harness.results.records import Status
+from harness.judge.status import Status
 from harness.search import space
 
 FIELDS = dict(batch_sizes=(3, 0, 2), spatial=((2, 3),) * 3, channels=4, steps=("train", "eval", "train"),

@@ -61,7 +61,7 @@ def test_compiled_cases_run_over_the_contract_backend_as_over_gloo():
     Python collectives (a C++ group is opaque to it); the case then passes as it does over gloo."""
     from harness import catalog
     from harness.engine.session import RunOptions, resolve_impls, run_selection
-    from harness.results.records import Status
+    from harness.judge.status import Status
 
     case = "compile/layer/eager/breaks-allowed/auto-dynamic/ws2"
     for backend in ("gloo", NAME):

@@ -11,7 +11,7 @@ import pytest
 from harness.engine import assemble, launcher
 from harness.engine.launcher import LocalPools, TorchrunJob
 from harness.engine.plan import make_plan
-from harness.results.records import Status
+from harness.judge.status import Status
 from harness.results.store import Store
 from harness.selection import Selection
 

@@ -17,7 +17,7 @@ import pytest
 from harness import catalog
 from harness.engine.waiting import PEER_GRACE_S
 from harness.engine.session import RunOptions, Session, resolve_impls, run_selection
-from harness.results.records import RankStatus, Status
+from harness.judge.status import RankStatus, Status
 from proctools import children_of, rank_processes
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")

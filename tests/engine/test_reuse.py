@@ -18,7 +18,7 @@ from harness.engine.attribution import Observation
 from harness.engine.messages import RankResult
 from harness.engine.reuse import groups_agree, raised_in_collective, reusable
 from harness.engine.session import RunOptions, Session, resolve_impls
-from harness.results.records import RankStatus, Status
+from harness.judge.status import RankStatus, Status
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 CASE = "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2"

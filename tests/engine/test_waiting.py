@@ -15,7 +15,7 @@ import pytest
 from harness.engine.messages import RankResult
 from harness.engine.waiting import (PEER_GRACE_S, QUIET_S, RECHECK_S, SETTLE_S, Look, Probe, Reason, Stop, Wait,
                                     WaitState)
-from harness.results.records import RankStatus
+from harness.judge.status import RankStatus
 
 T0 = 100.0  # the fake clock's reading when the task was sent
 IN_COLLECTIVE = 'Current thread 0x1 (most recent call first):\n  File "torch/distributed/distributed_c10d.py", line 1'

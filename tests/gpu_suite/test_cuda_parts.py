@@ -31,7 +31,7 @@ from harness.bench import device_kernels, timing
 from harness.engine.rank import gpu_index
 from harness.engine.session import RunOptions, Session, gpu_shortage, resolve_impls
 from harness.impls import resolve
-from harness.results.records import Status
+from harness.judge.status import Status
 from harness.scenarios import unsupported_reason
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -307,7 +307,7 @@ def test_real_apex_through_the_engine():
     """The installed apex, as it is: what it gets right passes, its known defects stay failures."""
     from harness import catalog
     from harness.engine.session import RunOptions, run_selection
-    from harness.results.records import Status
+    from harness.judge.status import Status
 
     cases = {"even": CASE, "uneven": "module-config/affine-off/ws2",
              "momentum-none": "module-config/momentum-none-3-steps/ws2"}

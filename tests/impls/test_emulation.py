@@ -21,7 +21,7 @@ import torch
 from harness import catalog
 from harness.impls import torch_emulation
 from harness.engine.session import RunOptions, resolve_impls, run_selection
-from harness.results.records import Status
+from harness.judge.status import Status
 
 CASES = ["allgather-shape/even-4-4/float32-float32/contiguous/ws2",
          "allgather-shape/uneven-2-6/float32-float32/channels_last/ws2",

@@ -126,7 +126,7 @@ def test_timm_layer_leaves_conversion_to_the_timm_adapter():
 @pytest.mark.skipif(bool(_d2_reason()), reason=_d2_reason())
 def test_real_detectron2_through_the_engine():
     """NaiveSyncBatchNorm's output and gradients are right; its running_var is biased, num_batches_tracked stays 0."""
-    from harness.results.records import Status
+    from harness.judge.status import Status
 
     even, uneven = ("allgather-shape/even-4-4/float32-float32/contiguous/ws2",
                     "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2")
@@ -142,7 +142,7 @@ def test_real_detectron2_through_the_engine():
 @pytest.mark.slow
 @pytest.mark.skipif(bool(_importable("timm.layers")), reason=_importable("timm.layers"))
 def test_real_timm_layer_through_the_engine():
-    from harness.results.records import Status
+    from harness.judge.status import Status
 
     case = "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2"
     r = _run("timm-layer", [case])[case]

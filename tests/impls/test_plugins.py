@@ -14,7 +14,7 @@ from harness import catalog
 from harness.engine.session import RunOptions, resolve_impls, run_selection
 from harness.errors import ImplUnavailable, UsageError
 from harness.impls import resolve
-from harness.results.records import Status
+from harness.judge.status import Status
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 

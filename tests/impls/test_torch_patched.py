@@ -19,7 +19,8 @@ from cli_here import run_here
 from harness.impls import resolve
 from harness.impls.torch_patched import FILES, PatchedTorchImpl
 from harness.results import known_issues
-from harness.results.records import Record, Status
+from harness.judge.status import Status
+from harness.results.records import Record
 
 SAMPLE = ["allgather-shape/empty-0-5/*", "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2",
           "conversion/nested/*", "degenerate/one-value-*/float32-*", "mixed-precision/no-running-stats/*",

@@ -19,7 +19,7 @@ import pytest
 
 from harness import catalog
 from harness.engine.session import RunOptions, resolve_impls, run_selection
-from harness.results.records import Status
+from harness.judge.status import Status
 
 CASES = ["allgather-shape/empty-0-5/float32-float32/contiguous/ws2",
          "allgather-shape/empty-3-0-2/float32-float32/channels_last_3d/ws3",

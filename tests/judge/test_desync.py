@@ -17,7 +17,7 @@ import pytest
 from harness import catalog
 from harness.engine.session import RunOptions, resolve_impls, run_selection
 from harness.judge.desync import first_divergence
-from harness.results.records import Status
+from harness.judge.status import Status
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 pytestmark = pytest.mark.usefixtures("support_on_path")

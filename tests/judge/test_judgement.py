@@ -28,7 +28,7 @@ from correct_budget import CORRECT_USE_AT_MOST
 
 from harness import catalog
 from harness.engine.session import RunOptions, resolve_impls, run_selection
-from harness.results.records import Status
+from harness.judge.status import Status
 from harness.selection import DEFAULT_TIMEOUT_S
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")

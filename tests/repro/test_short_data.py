@@ -16,7 +16,7 @@ from harness import catalog
 from harness.catalog.data import materialize
 from harness.repro.short import Target, source
 from harness.repro.symptom import Symptom
-from harness.results.records import Status
+from harness.judge.status import Status
 from harness.search import space
 
 SEARCH_HOSTILE = space.make_case(batch_sizes=(3, 0), spatial=((2, 5), (2, 5)), channels=3, dtype="float16",

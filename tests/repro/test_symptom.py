@@ -6,7 +6,8 @@ import pytest
 
 from harness.judge.metric import Metric, Problem
 from harness.repro.symptom import Aspect, NoSymptom, Symptom, symptom_of
-from harness.results.records import RankOutcome, RankStatus, Record, Status
+from harness.judge.status import RankOutcome, RankStatus, Status
+from harness.results.records import Record
 
 
 def record(status=Status.MISMATCH, metrics=None, ranks=()) -> Record:

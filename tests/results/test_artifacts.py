@@ -8,7 +8,8 @@ import xml.dom.minidom
 import xml.etree.ElementTree as ET
 
 from harness.results import junit
-from harness.results.records import RankOutcome, RankStatus, Record, Status
+from harness.judge.status import RankOutcome, RankStatus, Status
+from harness.results.records import Record
 from harness.results.report import write_report
 from harness.results.store import Store
 

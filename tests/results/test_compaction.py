@@ -14,7 +14,8 @@ import pytest
 from cli_here import run_here
 
 from harness.results.compaction import STEPS, compact, stats
-from harness.results.records import Record, Status
+from harness.judge.status import Status
+from harness.results.records import Record
 from harness.results.store import Store, StoreError, latest
 
 KEY = "2.13.0+cpu-cf30153c4c13-cpu-gloo"

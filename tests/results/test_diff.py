@@ -11,7 +11,8 @@ from harness.judge.metric import Metric
 from harness.results import fingerprint
 from harness.results.diff import ChangeKind, GrowthRule, changes
 from harness.results.gate import evaluate, format_result, junit_rows
-from harness.results.records import RankOutcome, RankStatus, Record, Status
+from harness.judge.status import RankOutcome, RankStatus, Status
+from harness.results.records import Record
 
 
 def make(case: str, status: Status, ratio: float = 0.01) -> Record:

@@ -13,7 +13,8 @@ import pytest
 from cli_here import run_here
 
 from harness.results.fidelity import build_mismatch, compare
-from harness.results.records import Record, Status
+from harness.judge.status import Status
+from harness.results.records import Record
 from harness.results.store import Store
 
 CASES = ("numerics/offset-1e3/ws2", "allgather-shape/uneven-2-6/float32-float32/contiguous/ws2")

@@ -20,7 +20,8 @@ from harness.buildinfo import build_info
 from harness.judge.metric import Metric
 from harness.results.diff import ChangeKind
 from harness.results.gate import evaluate, format_result, junit_rows
-from harness.results.records import Record, Status
+from harness.judge.status import Status
+from harness.results.records import Record
 from harness.results.store import Store, build_key
 
 PLUGIN = textwrap.dedent("""

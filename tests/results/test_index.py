@@ -10,7 +10,8 @@ import pytest
 
 from harness.results.compaction import compact
 from harness.results.index import Index, refreshed
-from harness.results.records import Record, Status
+from harness.judge.status import Status
+from harness.results.records import Record
 from harness.results.page import MAX_FAILING
 from harness.results.report import write_report
 from harness.results.store import Store, StoreError, Where, build_key, latest

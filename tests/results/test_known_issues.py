@@ -11,7 +11,8 @@ from harness.errors import UsageError
 from harness.results import known_issues
 from harness.judge.metric import Metric
 from harness.judge.mode import Mode
-from harness.results.records import RankOutcome, RankStatus, Record, Status
+from harness.judge.status import RankOutcome, RankStatus, Status
+from harness.results.records import Record
 from harness.results.symptoms import failures
 
 ENTRY = ('[[issue]]\nimpl = "torch"\ncases = ["mixed-precision/empty-rank/*"]\ntorch = ">=1.12,<3"\n'

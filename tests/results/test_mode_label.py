@@ -16,7 +16,8 @@ from cli_here import run_here
 from harness import catalog
 from harness.judge.mode import Mode
 from harness.repro import seen_line
-from harness.results.records import Record, Status
+from harness.judge.status import Status
+from harness.results.records import Record
 from harness.search.explore import SearchResult
 from harness.search.findings import markdown
 from harness.search.rules import Finding

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from harness.judge.call import Call
 from harness.judge.metric import Metric, Problem
-from harness.results.records import RankOutcome, RankStatus, Record, Status
+from harness.judge.status import RankOutcome, RankStatus, Status
+from harness.results.records import Record
 
 GATHER = {"op": "all_gather", "group": [0, 1], "step": 1, "dtype": "float16", "shape": [7], "numel": 7}
 

@@ -23,7 +23,8 @@ import pytest
 from cli_here import run_here
 
 from harness.results.progress import Progress, format_counts, format_line, wanted
-from harness.results.records import WORST_FIRST, Record, Status
+from harness.judge.status import WORST_FIRST, Status
+from harness.results.records import Record
 from harness.results.report import COLORS, SEVERITY
 from harness.results.store import Store
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 
 from harness.judge.metric import Metric, Problem
-from harness.results.records import Record, Status
-from harness.results.records import WORST_FIRST
+from harness.judge.status import Status
+from harness.results.records import Record
+from harness.judge.status import WORST_FIRST
 from harness.results.severity import ULP_SCALE, Severity, assess, of_status, reach
 
 PLAIN = {"dtype": "float32", "param_dtype": "float32", "memory_format": "contiguous", "batch_sizes": [3, 5],

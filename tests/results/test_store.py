@@ -28,7 +28,8 @@ from harness.results import store as store_mod
 from harness.buildinfo import build_info
 from harness.judge.metric import Metric
 from harness.judge.mode import Mode
-from harness.results.records import Overlay, RankOutcome, RankStatus, Record, Status
+from harness.judge.status import RankOutcome, RankStatus, Status
+from harness.results.records import Overlay, Record
 from harness.results.store import Store, StoreError, build_key, read_file
 
 PLUGIN = textwrap.dedent("""
@@ -272,7 +273,8 @@ def test_unwritable_store_is_an_error_naming_the_directory(tmp_path):
 
 WRITER = textwrap.dedent("""
     import sys
-    from harness.results.records import Overlay, RankOutcome, RankStatus, Record, Status
+    from harness.judge.status import RankOutcome, RankStatus, Status
+    from harness.results.records import Overlay, Record
     from harness.results.store import Store
 
     store, tag, n = Store(sys.argv[1]), sys.argv[2], int(sys.argv[3])

@@ -29,7 +29,8 @@ def test_builds_follow_the_branch_and_the_rest_follow_their_keys(tmp_path):
 
 def test_a_report_orders_and_marks_builds_by_their_records_overlay_field(tmp_path):
     from harness.results.page import gather
-    from harness.results.records import Overlay, Record, Status
+    from harness.judge.status import Status
+    from harness.results.records import Overlay, Record
     from harness.results.store import Store
 
     shas = ["f" * 40, "a" * 40]

@@ -16,7 +16,7 @@ import torch
 from harness.catalog.case import Case
 from harness.engine.messages import RankResult
 from harness.judge.invariants import bits
-from harness.results.records import RankStatus
+from harness.judge.status import RankStatus
 from harness.scenarios.across import Across, judge_bitwise
 from harness.scenarios.model import DdpOptions, unsupported_reason
 

@@ -23,7 +23,7 @@ from harness import catalog
 from harness.engine.session import RunOptions, resolve_impls, run_selection
 from harness.results import compile_stats, gate
 from harness.results.diff import ChangeKind, changes
-from harness.results.records import Status
+from harness.judge.status import Status
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
 LAYER_EAGER = "compile/layer/eager/breaks-allowed/auto-dynamic/ws2"

@@ -21,7 +21,7 @@ import torch
 
 from harness import catalog
 from harness.engine.session import RunOptions, resolve_impls, run_selection
-from harness.results.records import Status
+from harness.judge.status import Status
 from harness.scenarios import user_models
 from harness.scenarios.conversion import _global_truth, _snapshot, conversion_problems
 

@@ -16,7 +16,7 @@ import pytest
 from harness import catalog
 from harness.catalog.case import CHECKPOINT_USES, USES
 from harness.engine.session import RunOptions, resolve_impls, run_selection
-from harness.results.records import Status
+from harness.judge.status import Status
 from harness.scenarios import uses
 from harness.search.systems import SYSTEMS, USE_OF
 

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from harness.judge.metric import Metric
-from harness.results.records import Record, Status
+from harness.judge.status import Status
+from harness.results.records import Record
 from harness.search import promote, space
 
 

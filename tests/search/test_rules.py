@@ -19,7 +19,8 @@ import pytest
 from hypothesis import strategies as st
 
 from harness.judge.metric import Metric
-from harness.results.records import KnownIssueMatch, Record, Status
+from harness.judge.status import Status
+from harness.results.records import KnownIssueMatch, Record
 from harness.search import promote, space
 from harness.search.explore import Explorer
 from harness.search.rules import Explored, Finding, Rules, Shrinking

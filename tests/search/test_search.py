@@ -20,7 +20,7 @@ import pytest
 
 from harness import catalog
 from harness.engine.session import RunOptions, Session, resolve_impls, run_selection
-from harness.results.records import Status
+from harness.judge.status import Status
 from harness.search.explore import Explorer
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 
 from harness.judge.metric import Metric, Problem
-from harness.results.records import RankOutcome, RankStatus, Record, Status
+from harness.judge.status import RankOutcome, RankStatus, Status
+from harness.results.records import Record
 from harness.search.signature import signature, tensor_kind
 
 

@@ -22,7 +22,7 @@ from cli_here import run_here
 
 from harness import catalog
 from harness.engine.session import RunOptions, Session, resolve_impls, run_selection
-from harness.results.records import Status
+from harness.judge.status import Status
 from harness.search.explore import Explorer
 from harness.search.systems import DEFAULT_SYSTEMS, system_of
 
