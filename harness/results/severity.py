@@ -24,7 +24,7 @@ what makes it rare (subgroups, momentum=None, hostile inputs, counts past
 float16's range). ``common`` says whether every setting of the case is one a
 typical training run has.
 
-Severity and :data:`~harness.results.records.WORST_FIRST` are two orders on
+Severity and :data:`~harness.judge.status.WORST_FIRST` are two orders on
 purpose. ``WORST_FIRST`` orders statuses, every one of them (passes and
 not-run included), from the status alone: it is how tables sort and color a
 record. Severity orders failures only, by what a user suffers, and needs the
