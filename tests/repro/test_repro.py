@@ -158,17 +158,17 @@ def test_exit_1_without_the_files_own_line_is_a_broken_file_not_the_symptom(tmp_
 
 def test_the_file_takes_the_torchrun_path_only_when_torchrun_started_it(monkeypatch):
     """torchrun sets TORCHELASTIC_RUN_ID, RANK and WORLD_SIZE; RANK and WORLD_SIZE left by something else must
-    not send the file to a rendezvous nobody serves (the harness's own rule, engine.plan.under_torchrun)."""
-    from harness.engine import plan
+    not send the file to a rendezvous nobody serves (the harness's own rule, engine.launcher.under_torchrun)."""
+    from harness.engine import launcher
     from harness.repro import standalone
 
     for var in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert not standalone.under_torchrun() and not plan.under_torchrun()
+    assert not standalone.under_torchrun() and not launcher.under_torchrun()
     monkeypatch.delenv("RANK")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
-    assert not standalone.under_torchrun() and not plan.under_torchrun()
+    assert not standalone.under_torchrun() and not launcher.under_torchrun()
     monkeypatch.setenv("RANK", "0")
-    assert standalone.under_torchrun() and plan.under_torchrun()
+    assert standalone.under_torchrun() and launcher.under_torchrun()

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from cli_here import run_here
 
+from harness.judge.mode import Mode
 from harness.repro import Form
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")
@@ -229,7 +230,7 @@ def test_a_symptom_seen_on_cuda_gets_a_gpu_only_file_without_the_stand_ins(tmp_p
     case = find_case("mixed-precision/empty-rank/float16-float32/ws2")
     record = observe(case, "torch", "cpu", timeout=120)
     assert record.status.value == "crash"
-    record.device, record.backend, record.mode = "cuda", "gloo", "native"
+    record.device, record.backend, record.mode = "cuda", "gloo", Mode.NATIVE
     path = tmp_path / "gpu.py"
     write_short(case, "torch", record, path, verify=False)
     text = path.read_text()
