@@ -1,7 +1,8 @@
 """Judgement: the float64 truth, the tolerances, one implementation's tensors against them, and the verdict.
 
 - :mod:`~harness.judge.oracle`: batch normalization over the global batch, exactly, in float64;
-- :mod:`~harness.judge.compare`: the tolerance policy (in one place) and the comparison of every tensor;
+- :mod:`~harness.judge.budget`: the tolerance policy, in one place (how far a correct SyncBN may be);
+- :mod:`~harness.judge.compare`: every tensor of a rank against the oracle under those budgets;
 - :mod:`~harness.judge.network_budget`: the budget of a whole network's tensors, from the same constants;
 - :mod:`~harness.judge.metric`: what a comparison says of one tensor (plain data, no torch);
 - :mod:`~harness.judge.metric_key`: the name of a judged quantity (step, phase, tensor, rank), built and read here;

@@ -1,6 +1,6 @@
 """One observed tensor against its float64 truth, elementwise, under a final tolerance: a :class:`Metric`.
 
-The tolerance comes final from :mod:`harness.judge.compare` (the policy lives
+The tolerance comes final from :mod:`harness.judge.budget` (the policy lives
 there); this module only applies it. A large tensor is compared a batch slice
 at a time (:mod:`harness.slices`), its tolerance given whole (sliced
 alongside when it has the batch dimension) or built slice by slice by a

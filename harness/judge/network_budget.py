@@ -1,11 +1,11 @@
 """The budget of a whole network's tensors (model, conversion and checkpoint scenarios).
 
 A layer's tensors get per-tensor budgets built from the oracle's statistics
-(:mod:`harness.judge.compare`); a network's outputs, gradients and parameters
+(:mod:`harness.judge.budget`); a network's outputs, gradients and parameters
 after a few layers and steps have no closed form to build them from, so their
 budget grows with the rounding the network does: the layers it passes through,
 the terms each reduces and the steps taken. The same constants (``K``, the unit
-roundoffs, ``gamma``) as the layer's policy, from :mod:`harness.judge.compare`.
+roundoffs, ``gamma``) as the layer's policy, from :mod:`harness.judge.budget`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from harness.catalog.case import Case
 from harness.catalog.data import DTYPES
-from harness.judge.compare import UNIT_ROUNDOFF, K, gamma
+from harness.judge.budget import UNIT_ROUNDOFF, K, gamma
 
 
 def network_tolerance(truth: torch.Tensor, case: Case, reduction: int, depth: int, step: int,

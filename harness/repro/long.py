@@ -55,6 +55,7 @@ PARTS = (
     ("harness.catalog.data", None),
     ("harness.judge.oracle", None),
     ("harness.judge.elementwise", None),
+    ("harness.judge.budget", None),
     ("harness.judge.compare", None),
     ("harness.judge.network_budget", None),
     ("harness.engine.messages", None),

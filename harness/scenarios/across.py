@@ -13,7 +13,7 @@ back as integers).
 
 The sums' data (``shares``, ``budgets``, ``true_shares``, ``sum_truth``) keep
 the step-keyed layout :func:`harness.judge.compare.judge_sums` and
-:func:`~harness.judge.compare.sum_tolerance_of` read. :func:`judge_bitwise`
+:func:`~harness.judge.budget.sum_tolerance_of` read. :func:`judge_bitwise`
 is the one loop over steps, tensors and groups that every scenario's
 ``judge_across`` runs over ``bitwise``.
 """

@@ -45,7 +45,8 @@ import torch
 
 from harness.catalog.case import Case
 from harness.catalog.data import DTYPES
-from harness.judge.compare import judge_rank, judge_sums, sum_tolerance
+from harness.judge.budget import sum_tolerance
+from harness.judge.compare import judge_rank, judge_sums
 from harness.scenarios import prepared
 from harness.scenarios.across import Across
 

@@ -34,7 +34,8 @@ import torch
 
 from harness.catalog.case import STEP_KINDS, Case, evaluates
 from harness.catalog.data import DTYPES
-from harness.judge.compare import judge_rank, judge_sums, sum_tolerance_of
+from harness.judge.budget import sum_tolerance_of
+from harness.judge.compare import judge_rank, judge_sums
 from harness.judge.invariants import bits
 from harness.judge.metric import Metric
 from harness.judge.metric_key import step_key

@@ -19,7 +19,8 @@ import torch
 
 from harness import catalog
 from harness.catalog.data import DTYPES, materialize
-from harness.judge.compare import K, Budget, compare_tensor, judge_rank, judge_sums, sum_tolerance
+from harness.judge.budget import K, Budget, sum_tolerance
+from harness.judge.compare import compare_tensor, judge_rank, judge_sums
 from harness.judge.oracle import run_oracle
 
 
