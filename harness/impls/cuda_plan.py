@@ -22,12 +22,12 @@ from typing import Optional
 
 import torch
 
+from harness.catalog.case import TRAINING_KINDS
+from harness.catalog.data import DTYPES
 from harness.impls.cuda_contract import Refusal, verdict
 from harness.judge import plain_layer
 
-TRAINING_KINDS = ("train", "fwd", "nograd")  # step kinds whose forward runs the synchronized ops
-BACKWARD_KINDS = ("train", "fwd")  # step kinds whose forward gets a backward
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
+BACKWARD_KINDS = ("train", "fwd")  # step kinds whose forward gets a backward (TRAINING_KINDS: every one that trains)
 _FORMATS = {"channels_last": (4, torch.channels_last), "channels_last_3d": (5, torch.channels_last_3d)}
 
 
@@ -77,7 +77,7 @@ def _meta(shape: tuple, dtype: torch.dtype, present: bool = True) -> Optional[to
 
 def _rank_refusal(case, shape: tuple, world: int, backward: bool) -> Optional[Refusal]:
     """Torch's Function's calls on one rank, planned with the dtypes each op returns; the first refusal."""
-    x_dt, p_dt, c = _DTYPES[case.dtype], _DTYPES[case.param_dtype], case.channels
+    x_dt, p_dt, c = DTYPES[case.dtype], DTYPES[case.param_dtype], case.channels
     casts_counts, casts_weight = function_casts()
     fmt = case.memory_format if case.input_layout == "dense" else "contiguous"
     x = _laid_out(shape, x_dt, fmt)

@@ -48,12 +48,12 @@ from pathlib import Path
 from typing import Optional
 
 from harness.catalog.case import STEP_KINDS, Case
+from harness.catalog.dtypes import ROUNDOFF_OF
 from harness.repro.short_file import ShortFile, story
 from harness.repro.symptom import Symptom
 from harness.judge.status import Status
 
 FILE_STEPS = ("train", "eval", "nograd", "eval-rank0")
-_UNIT_ROUNDOFF = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-24, "float64": 2.0**-53}
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def tolerance_terms(case: Case, quantity: str) -> tuple[float, float]:
     """(unit roundoff of the quantity's dtype, of the accumulation type) for the file's tolerance."""
     stored = case.dtype if quantity in ("output", "grad_input") else case.param_dtype
     acc = "float64" if case.dtype == "float64" else "float32"
-    return _UNIT_ROUNDOFF[stored], _UNIT_ROUNDOFF[acc]
+    return ROUNDOFF_OF[stored], ROUNDOFF_OF[acc]
 
 
 def source(case: Case, target: Target, symptom: Symptom, *, seen: str, title: str = "") -> str:
