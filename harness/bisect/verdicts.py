@@ -28,6 +28,7 @@ from harness.bisect.bisector import Verdict
 from harness.bisect.builds import Build
 from harness.engine import RENDEZVOUS_ENV
 from harness.paths import cache_folder
+from harness.results.reader import StoreError, migrate
 from harness.results.records import Record
 from harness.selection import Selection
 
@@ -92,7 +93,8 @@ def evaluate(python: Path, sel: Selection, store: Path, timeout: float = EVAL_TI
     if not isinstance(records, list):
         return Evaluation(Verdict.SKIP, f"`run` exited {proc.returncode}: {children.tail(proc.stderr, 2)}",
                           duration_s=duration, python=str(python))
-    parsed = [Record.from_dict(r) for r in records]
+    # The harness in that environment may be an older one: its records are read as a store's are (migrated).
+    parsed = [Record.from_dict(migrate(r, f"`run` in {python}")) for r in records]
     verdict, reason = verdict_of(parsed)
     return Evaluation(verdict, reason, parsed, duration, python=str(python))
 
@@ -111,8 +113,8 @@ class VerdictCache:
     def get(self, key: str) -> Optional[Evaluation]:
         try:
             d = json.loads((self.root / f"{key}.json").read_text())
-            records = [Record.from_dict(r) for r in d.get("records", [])]
-        except (OSError, ValueError, TypeError, KeyError, AttributeError):  # JSONDecodeError is a ValueError
+            records = [Record.from_dict(migrate(r, str(self.root / f"{key}.json"))) for r in d.get("records", [])]
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, StoreError):  # a miss: run it again
             return None
         return Evaluation(Verdict(d["verdict"]), d["reason"], records, d.get("duration_s", 0.0),
                           cached=True, python=d.get("python"))

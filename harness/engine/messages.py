@@ -56,7 +56,7 @@ class RankResult:
     # Made when a result is (not when the class is): a long repro file defines Across after this class.
     across: Across = field(default_factory=lambda: Across())
     impl_version: Optional[str] = None
-    mode: Optional[str] = None  # a harness.judge.mode.Mode's value (plain data crosses)
+    mode: Optional[str] = None  # a harness.judge.mode.Mode (a str enum: it crosses as its value)
     mode_notes: list[str] = field(default_factory=list)
     duration_s: float = 0.0
     compare: Optional[dict] = None

@@ -1,7 +1,7 @@
 """How long the parent waits for the ranks of one task: observations and clock readings in, the next step out.
 
 Both launchers obey this rule: the local pool (:meth:`harness.engine.pool.Pool.run`)
-and a torchrun job's collecting rank (:class:`harness.engine.torchrun._Case`). Nothing
+and a torchrun job's collecting rank (:class:`harness.engine.torchrun_case.JobCase`). Nothing
 here reads the clock or touches a process: the caller records what it saw
 (:meth:`WaitState.answered`, :meth:`WaitState.died`, and what a probe found:
 :meth:`WaitState.saw_calls`, :meth:`WaitState.saw_stack`, :meth:`WaitState.saw_deadlock`),

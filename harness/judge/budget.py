@@ -205,8 +205,9 @@ def sum_tolerance(case: Case, data, truths, step: int, which: str) -> torch.Tens
 
 
 def sum_tolerance_of(case: Case, budgets: list[dict], abs_true: list[float], step: str, which: str) -> torch.Tensor:
-    """:func:`sum_tolerance` from the ranks' own budgets (``budgets``: each rank's from :func:`judge_rank`, in rank
-    order) and ``|true sum|``: the same terms added in the same order, without any rank's tensors."""
+    """:func:`sum_tolerance` from the ranks' own budgets (``budgets``: each rank's from
+    :func:`~harness.judge.compare.judge_rank`, in rank order) and ``|true sum|``: the same terms added in the same
+    order, without any rank's tensors."""
     b = Budget(case)
     total = torch.zeros(case.channels, dtype=torch.float64)
     for rank_budgets in budgets:

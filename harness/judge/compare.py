@@ -40,7 +40,7 @@ def judge_rank(case: Case, rank: int, data, truths, observed: list[dict],
     memory format, so no output layout is required. ``budgets``, when given, receives
     this rank's unscaled budgets of its grad_weight and grad_bias shares per step
     (``{step: {"grad_weight", "grad_weight_eval", "grad_bias"}}``, lists), the
-    terms :func:`sum_tolerance_of` adds up over the ranks.
+    terms :func:`~harness.judge.budget.sum_tolerance_of` adds up over the ranks.
     """
     step = _StepJudge(case, Budget(case), data, rank)
     out: list[tuple[str, Metric]] = []
@@ -196,7 +196,7 @@ def judge_sums(sum_truth: dict, shares: list[dict]) -> list[tuple[str, Metric]]:
     """Compare the sum over ranks of the grad_weight/grad_bias shares with the oracle's sum.
 
     ``sum_truth``: ``{step: {which: {"true": [...], "tol": [...]}}}`` (final
-    tolerances, from :func:`sum_tolerance`); ``shares``: one
+    tolerances, from :func:`~harness.judge.budget.sum_tolerance`); ``shares``: one
     ``{step: {which: [...]}}`` per rank.
     """
     out = []

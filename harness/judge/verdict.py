@@ -16,9 +16,13 @@ clock or probes torch; the tests drive it with scripted outcomes.
    are an error. Otherwise ``pass``.
 3. **What the plain layer refuses too** (:func:`case_verdict`). An ``error``
    where every rank that raised raised exactly what ``nn.BatchNorm`` raises
-   on the case's dtypes (:mod:`harness.judge.plain_layer`) is the SyncBN
-   behaving as the layer it replaces: ``unsupported``, or ``mismatch`` when
-   another rank's numbers were wrong.
+   on the case's dtypes (:func:`harness.judge.plain_layer.refusal`: layer
+   cases on CPU, where it can be probed) is the SyncBN behaving as the layer
+   it replaces: ``unsupported``, or ``mismatch`` when another rank's numbers
+   were wrong. On CUDA the plain layer is not probed after a run: torch's
+   cases that it refuses are ``unsupported`` before they run
+   (:mod:`harness.impls.cuda_plan`, from the model of
+   :func:`~harness.judge.plain_layer.refusal_on_cuda`).
 4. **The first desync.** The first collective the ranks of a group disagreed
    on (:func:`harness.judge.desync.first_divergence`) is named first in the
    message, ahead of the crash or hang it causes; a ``pass`` becomes a

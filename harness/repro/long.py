@@ -283,7 +283,7 @@ def header(case: Case, impl_name: str, device: str, impl: Loading, record, comma
                 f"(git {info.torch_git_version}).", f"Check with: syncbn-harness check {sel}"]
     out += ["", f"Case parameters: {json.dumps(case.params())}",
             "Inputs are regenerated from the seed; the oracle is batch normalization over the global batch in",
-            "float64; tolerances are the harness's (dtype unit roundoff, reduction size; see compare below).",
+            "float64; tolerances are the harness's (dtype unit roundoff, reduction size; see budget below).",
             f"Runs on {device} ({'nccl' if device == 'cuda' else (case.backend or 'gloo')}): python FILE, or "
             f"torchrun --nproc-per-node={case.world_size} FILE.",
             "Exit 0: agrees with the oracle. Exit 1: the disagreement is printed. Exit 2: cannot run here."]

@@ -28,11 +28,11 @@ import fnmatch
 import re
 from typing import Iterable
 
-from harness.judge.status import FAILURES, RankStatus
+from harness.judge.status import FAILURES, RankStatus, Status
 from harness.results.records import Record
 
 _RANK_PREFIX = re.compile(r"^rank\d+\.")
-KINDS = ("mismatch", "error", "crash", "hang")
+KINDS = tuple(s.value for s in Status if s in FAILURES)  # what a symptom line starts with: mismatch, error, ...
 
 
 def failures(record: Record) -> tuple[str, ...]:
