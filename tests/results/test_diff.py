@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 
-from harness.judge.metric import Metric
+from judged_records import judged as make
+
 from harness.results import fingerprint
 from harness.results.diff import ChangeKind, GrowthRule, changes
 from harness.results.gate import evaluate, format_result, junit_rows
@@ -15,12 +16,6 @@ from harness.judge.status import RankOutcome, RankStatus, Status
 from harness.results.records import Record
 
 
-def make(case: str, status: Status, ratio: float = 0.01) -> Record:
-    return Record(case=case, family=case.split("/")[0], params={}, impl="reference", status=status,
-                  torch_version="2.13.0+cpu", torch_git_version="cf30153c4c13",
-                  metrics={"rank0.step0.train.output": Metric(ratio * 1e-6, ratio * 1e-6, 1e-6, ratio),
-                           "rank1.step0.train.grad_input": Metric(1.0, 1.0, 0.0, float("inf") if ratio > 1e9
-                                                                  else ratio / 2)})
 
 
 def test_compare_classifies_every_kind_of_change():

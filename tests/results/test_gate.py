@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 from cli_here import run_here
+from judged_records import judged as make
 
 from harness.buildinfo import build_info
-from harness.judge.metric import Metric
 from harness.results.diff import ChangeKind
 from harness.results.gate import evaluate, format_result, junit_rows
 from harness.judge.status import Status
-from harness.results.records import Record
 from harness.results.store import Store, build_key
 
 PLUGIN = textwrap.dedent("""
@@ -150,14 +149,6 @@ def test_gate_refuses_a_baseline_with_nothing_in_common(tmp_path):
 
 
 # --- the gate's rules over records ------------------------------------------------------------------------
-
-def make(case: str, status: Status, ratio: float = 0.01) -> Record:
-    return Record(case=case, family=case.split("/")[0], params={}, impl="reference", status=status,
-                  torch_version="2.13.0+cpu", torch_git_version="cf30153c4c13",
-                  metrics={"rank0.step0.train.output": Metric(ratio * 1e-6, ratio * 1e-6, 1e-6, ratio),
-                           "rank1.step0.train.grad_input": Metric(1.0, 1.0, 0.0, float("inf") if ratio > 1e9
-                                                                  else ratio / 2)})
-
 
 def test_the_gate_fails_when_results_the_baseline_ran_are_missing():
     baseline = [make(f"a/{i}/ws2", Status.PASS) for i in range(5)] + [make("a/skipped/ws2", Status.SKIPPED)]
