@@ -19,6 +19,7 @@ from typing import Optional
 
 from harness.catalog.case import Case
 from harness.errors import ImplUnavailable
+from harness.judge import mode as mode_words
 from harness.judge.mode import Mode
 
 
@@ -158,7 +159,7 @@ class Impl(abc.ABC):
             state, reason = "available", None
         except Exception as exc:  # noqa: BLE001 - any failure to load is the reason it is unavailable
             state, reason = "unavailable", str(exc)
-        mode = " ".join([self.mode.value, *(f"({n})" for n in self.mode_notes)]) if self.mode else None
+        mode = mode_words.text(self.mode, self.mode_notes) or None
         return {"name": self.name, "state": state, "reason": reason, "mode": mode,
                 "version": _safe(self.version), **self.capabilities.to_dict()}
 

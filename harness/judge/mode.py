@@ -53,6 +53,12 @@ def parse(text: Union[str, "Mode", None]) -> tuple[Optional[Mode], tuple[str, ..
     return None, tuple(filter(None, [head, *notes]))
 
 
+def text(mode: Optional[Mode], notes: tuple[str, ...] = ()) -> str:
+    """A mode and its notes as people read them: ``python-fallback (nvtx no-op)``; '' for no mode."""
+    words = [mode.value] if mode else []
+    return " ".join(words + ([f"({'; '.join(notes)})"] if notes else []))
+
+
 def declared_mode(value: Union[str, Mode, None], where: str) -> Optional[Mode]:
     """An adapter's declared mode as a :class:`Mode`; a string must be one of the values exactly.
 

@@ -21,6 +21,7 @@ from harness import SCHEMA_VERSION
 from harness.judge.call import Call, read_calls
 from harness.judge.metric import Metric, worst_ratio
 from harness.judge.metric_key import MetricKey
+from harness.judge import mode as mode_words
 from harness.judge.mode import Mode
 from harness.judge.status import FAILURES, NOT_RUN, WORST_FIRST, RankOutcome, RankStatus, Status
 from harness.results import evidence
@@ -187,8 +188,7 @@ class Record:
     @property
     def mode_text(self) -> str:
         """The mode and its notes as people read them: ``python-fallback (nvtx no-op)``; '' for none."""
-        words = [self.mode.value] if self.mode else []
-        return " ".join(words + ([f"({'; '.join(self.mode_notes)})"] if self.mode_notes else []))
+        return mode_words.text(self.mode, self.mode_notes)
 
     @property
     def ran(self) -> bool:
