@@ -92,7 +92,7 @@ def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Pa
     from harness.engine.plan import make_plan
     from harness.results.progress import wanted
     from harness.search.explore import Explorer
-    from harness.search.findings import assess_finding, order_by_severity, write_repros, write_summary
+    from harness.search.findings import assess_finding, order_by_severity, symptoms_text, write_repros, write_summary
 
     # The plan decides the adapters, options, build and store key, and refuses a store that cannot take them;
     # search draws its own cases, so the plan holds none.
@@ -111,13 +111,17 @@ def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Pa
                     f"{len(r.findings) - len(r.new)} known findings, {explorer.elapsed():.0f}s")
             click.echo(("\r" + line) if live else line, err=True, nl=not live)
 
-    def on_finding(f) -> None:
+    def on_finding(f, into) -> None:
         store.append(f.original_record)
         if f.minimal.id != f.original.id:
             store.append(f.record)
+        if into is not None:
+            click.echo(("\n" if live else "") + f"the same cause, shrunk another way: {f.signature}\n  minimal: "
+                       f"{f.minimal.id}\n  folded into: {into.title}", err=True)
+            return
         kind = "known" if f.known else f"new, shrunk in {f.shrink_runs} runs"
-        click.echo(("\n" if live else "") + f"finding ({kind}): {f.signature}\n  minimal: {f.minimal.id}",
-                   err=True)
+        click.echo(("\n" if live else "") + f"finding ({kind}): {f.title if not f.known else f.signature}\n"
+                   f"  minimal: {f.minimal.id}", err=True)
 
     try:
         explorer = Explorer(session, seed=seed, budget_s=budget_s, max_cases=max_cases,
@@ -142,7 +146,8 @@ def run_search(selection, *, store_dir, budget_s, max_cases, seed, save, out: Pa
     for f in result.findings:
         tag = "known" if f.known else "NEW"
         a = assess_finding(f)
-        lines.append(f"  {tag:<5} {f.signature}\n        minimal: {f.minimal.id}"
+        lines.append(f"  {tag:<5} {f.signature if f.known else f.title}\n        minimal: {f.minimal.id}"
+                     + ("" if f.known else f"\n        symptoms: {symptoms_text(f)}")
                      + (f"\n        severity: {a.summary()}" if a else "")
                      + (f"\n        repro:   {f.repro_file}: {f.repro_verdict}" if f.repro_file else "")
                      + (f"\n        upstream: {f.link}" if f.link else ""))

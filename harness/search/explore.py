@@ -1,4 +1,4 @@
-"""Explore the case space, shrink each new failure, group findings by signature.
+"""Explore the case space, shrink each new failure, group findings by cause.
 
 Protocol. The search runs in rounds, each one hypothesis run (generation
 and shrinking are hypothesis's; the strategy is :mod:`harness.search.space`)
@@ -9,17 +9,21 @@ over a property that runs a drawn case on the warm pools of one
 passed in) and hands the readings to them:
 
 1. *Exploring*: each drawn case runs with every implementation. A failure
-   whose signature (:mod:`harness.search.signature`) is new and not a known
-   issue becomes the round's *target* (a :class:`~harness.search.rules.Shrinking`),
-   and the property fails.
+   that no finding so far explains (:mod:`harness.search.cause`: an earlier
+   or the same origin, in a case that meets the finding's condition) and
+   that is not a known issue becomes the round's *target* (a
+   :class:`~harness.search.rules.Shrinking`), and the property fails; one
+   that a finding explains is one more symptom of it.
 2. *Shrinking*: from then on the property runs only the target's
-   implementation and fails exactly when the signature is the target's, so
-   hypothesis shrinks the case to the smallest and plainest one that fails
-   *the same way*. Its last call replays that minimal case; then ranks are
-   removed one at a time while the signature holds (a rank is several draws,
+   implementation and fails exactly when the failure starts where the
+   target's does, so hypothesis shrinks the case to the smallest and
+   plainest one that fails *from the same origin*. Its last call replays that minimal case; then ranks are
+   removed one at a time while the origin holds (a rank is several draws,
    which hypothesis rarely removes together).
-3. The next round starts from a seed derived from ``--seed`` and the round
-   number, with the signatures found so far no longer counted as new.
+3. The shrunk failure is a finding, unless its origin and condition nest
+   with an earlier finding's: then it is that cause, shrunk another way, and
+   is folded into it (:meth:`~harness.search.rules.Rules.merge`). The next
+   round starts from a seed derived from ``--seed`` and the round number.
 
 Results are memoized per (case ID, implementation): hypothesis replays
 examples, and a replay must not run (or flake). Known issues (the
@@ -97,10 +101,10 @@ class SearchResult:
 
 
 class _Found(Exception):
-    """The property's failure: the drawn case failed with the round's target signature."""
+    """The property's failure: the drawn case failed from the round's target origin."""
 
     def __init__(self, case: Case, record: Record):
-        super().__init__(signature(record))
+        super().__init__(signature(record))  # hypothesis shows it; the rules compare causes
         self.case = case
         self.record = record
 
@@ -123,14 +127,15 @@ def _fail(case: Case, record: Record) -> None:
 
 class Explorer:
     """One search over ``session``'s implementations (see the module docstring); ``clock`` is read for the
-    budget, the shrink's deadline and the findings' times (seconds, any origin)."""
+    budget, the shrink's deadline and the findings' times (seconds, any origin). ``on_finding(f, into)`` is
+    called with each shrunk or known finding, ``into`` the earlier finding it was folded into (or None)."""
 
     def __init__(self, session: SearchSession, *, seed: int = 0, budget_s: Optional[float] = None,
                  max_cases: Optional[int] = None, shrink_limit_s: Optional[float] = None,
                  shrink_max_runs: Optional[int] = None, backends: tuple = (None, "nccl-contract"),
                  world_sizes: Optional[tuple] = None, allow_large: bool = True, systems: tuple = ("layer",),
                  on_case: Optional[Callable[["Explorer"], None]] = None,
-                 on_finding: Optional[Callable[[Finding], None]] = None,
+                 on_finding: Optional[Callable[[Finding, Optional[Finding]], None]] = None,
                  clock: Callable[[], float] = time.monotonic):
         self.rules = Rules(budget_s=budget_s, max_cases=max_cases, shrink_max_runs=shrink_max_runs,
                            shrink_limit_s=(shrink_limit_s if shrink_limit_s is not None
@@ -152,7 +157,6 @@ class Explorer:
         self.on_finding = on_finding
         self.result = SearchResult(seed=seed, impls=[i.name for i in session.impls])
         self._memo: dict[tuple[str, str], Record] = {}
-        self._by_signature: dict[str, Finding] = {}
         self._shrinking: Optional[Shrinking] = None  # the round's target, once it has one
         self._shrink_s = 0.0  # time spent shrinking (not exploration: the rate leaves it out)
         self._t0 = 0.0
@@ -186,12 +190,12 @@ class Explorer:
             self.result.statuses[rec.status.value] += 1
             records.append((impl.name, rec))
         now = self.clock()
-        out = self.rules.explored(case, records, self._by_signature, self.result.cases_explored, now,
+        out = self.rules.explored(case, records, self.result.findings, self.result.cases_explored, now,
                                   now - self._t0)
         for finding in out.known:
             self._add(finding)
-        for sig in out.again:
-            self._by_signature[sig].occurrences += 1
+        for finding, sig in out.again:
+            finding.add_symptom(sig)
         if self.on_case:
             self.on_case(self)
         if out.shrink is not None:
@@ -211,7 +215,7 @@ class Explorer:
 
     def _shrink_step(self, case: Case) -> None:
         rec = self._shrink_run(case)
-        if rec is not None and self.rules.is_target(self._shrinking, rec):
+        if rec is not None and self.rules.is_target(self._shrinking, case, rec):
             _fail(case, rec)
         return None
 
@@ -230,16 +234,17 @@ class Explorer:
                 rec = self._shrink_run(smaller)
                 if rec is None:
                     return case, record
-                if self.rules.is_target(self._shrinking, rec):
+                if self.rules.is_target(self._shrinking, smaller, rec):
                     case, record, improved = smaller, rec, True
                     break
         return case, record
 
     def _add(self, finding: Finding) -> None:
-        self._by_signature[finding.signature] = finding
-        self.result.findings.append(finding)
+        into = self.rules.merge(self.result.findings, finding)  # the same cause, shrunk another way: folded in
+        if into is None:
+            self.result.findings.append(finding)
         if self.on_finding:
-            self.on_finding(finding)
+            self.on_finding(finding, into)
 
     # -- rounds -----------------------------------------------------------------------------------------------
     def _round(self, number: int, examples: int) -> None:

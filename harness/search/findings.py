@@ -3,8 +3,9 @@
 Layout of the output folder (``--out``, default ``reports/search``), rewritten
 by each search::
 
-    findings.md     what was searched, the rate, and per finding: signature, minimal and original case,
-                    cases to first failure, runs to shrink, the repro command and file
+    findings.md     what was searched, the rate, and per finding (one per cause): the cause and its
+                    condition, its symptoms, minimal and original case, cases to first failure, runs to
+                    shrink, the repro command and file
     findings.json   the same as data (SearchResult.to_dict)
     repro-<n>.py    the standalone reproduction of finding n's minimal case (new findings only)
 
@@ -60,7 +61,7 @@ def write_repros(result: SearchResult, out: Path, device: str, command: str) -> 
             continue
         path = out / f"repro-{n}.py"
         try:
-            f.repro_verdict = write_short(f.minimal, f.impl, f.record, path, title=f.signature).verdict()
+            f.repro_verdict = write_short(f.minimal, f.impl, f.record, path, title=f.title).verdict()
         except UsageError as exc:  # the short form cannot state it: the generated form, with why
             try:
                 loading = resolve_impl(f.impl)
@@ -72,6 +73,14 @@ def write_repros(result: SearchResult, out: Path, device: str, command: str) -> 
             path.chmod(0o755)
             f.repro_verdict = f"long form ({exc})"
         f.repro_file = str(path)
+
+
+def symptoms_text(f) -> str:
+    """A finding's symptoms, most seen first: ``train.output (5 cases), train.running_mean (2)``."""
+    ranked = sorted(f.symptoms.items(), key=lambda kv: -kv[1])
+    words = [sig.split(": ", 1)[-1] for sig, _ in ranked]  # the implementation is the finding's
+    return ", ".join(f"{w} ({n} case{'s' if n != 1 else ''})" if i == 0 else f"{w} ({n})"
+                     for i, (w, (_, n)) in enumerate(zip(words, ranked)))
 
 
 def _size(d: dict) -> str:
@@ -87,9 +96,11 @@ def markdown(result: SearchResult, build: str) -> str:
              f"{result.elapsed_s:.0f} s; stopped by {result.stopped_by}.", "",
              "Statuses of explored runs: " + ", ".join(f"{k} {v}" for k, v in sorted(result.statuses.items())), ""]
     new, known = result.new, [f for f in result.findings if f.known]
-    lines.append(f"{len(new)} new finding(s), {len(known)} known issue(s); each group worst first.")
+    lines.append(f"{len(new)} new finding(s), one per cause, {len(known)} known issue(s); each group worst first.")
     for n, f in enumerate(result.findings, 1):
-        lines += ["", f"## {n}. {f.signature}" + (" (known)" if f.known else ""), ""]
+        lines += ["", f"## {n}. {f.signature} (known)" if f.known else f"## {n}. {f.title}", ""]
+        if not f.known:
+            lines.append(f"- symptoms (explored cases that showed each): {symptoms_text(f)}")
         if f.link:
             lines.append(f"- upstream: {f.link}")
         a = assess_finding(f)

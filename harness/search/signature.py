@@ -1,7 +1,9 @@
-"""How a record fails, in a few words: the key that shrinking keeps and findings are grouped by.
+"""How a record fails, in a few words: a finding's symptoms, and the key known findings are tallied by.
 
-Two failures are the same finding when their signatures are equal. A
-signature is the implementation, the status and the evidence:
+A finding is a cause (:mod:`harness.search.cause`); the signatures of the
+failures it explains are its symptoms, listed under it. Known issues are
+tallied by signature, as the known-issues file names them. A signature is
+the implementation, the status and the evidence:
 - ``mismatch``: the first failing tensor, named without its step and rank
   (``train.output``, ``eval.running_var``, ``train.running_mean.across_ranks``,
   ``collectives.eval``), so that a shrunk case with fewer steps or ranks can

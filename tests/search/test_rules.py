@@ -1,12 +1,14 @@
 """The search's rules with scripted records and a fake clock: no process, no real time.
 
 - an explored case's records: a new failure starts a shrink (the first one only), a known issue is a known
-  finding (never shrunk), a signature found before is one more occurrence;
-- while shrinking, a record is the target exactly when it fails the same way;
+  finding (never shrunk), a failure that a finding explains is one more symptom of it;
+- while shrinking, a record is the target exactly when it fails from the same origin;
 - a shrink runs no new case past its deadline or its runs; exploring stops at the case count or the budget;
 - the explorer, driven by a scripted session, a fake clock and a small case space, keeps to all of it: the
   budget ends exploring, a shrink settles on the smallest case failing the same way (never on one failing
-  another way), runs no more than its limits allow, and keeps the original when it may run nothing;
+  another way), runs no more than its limits allow, and keeps the original when it may run nothing; one
+  defect showing on several tensors is one finding with its symptoms, two defects of one origin under
+  different conditions are two;
 - a finding round-trips through the summary's JSON, which ``promote`` reads back as findings.
 """
 
@@ -30,17 +32,19 @@ SMALL = space.make_case(batch_sizes=(2, 3), spatial=((4,), (4,)), channels=1)
 LINK = "https://github.com/pytorch/pytorch/issues/1"
 
 
-def record(impl: str = "a", status: Status = Status.PASS, failing: str = "rank0.step0.train.output",
+def record(impl: str = "a", status: Status = Status.PASS, failing="rank0.step0.train.output",
            known: bool = False, case=CASE) -> Record:
-    """A scripted record: a mismatch fails ``failing``, a known one matches the known-issues file."""
-    metrics = {failing: Metric(1.0, 1.0, 0.1, 9.0)} if status == Status.MISMATCH else {}
+    """A scripted record: a mismatch fails ``failing`` (a name or several), a known one matches the known-issues
+    file."""
+    names = (failing,) if isinstance(failing, str) else tuple(failing)
+    metrics = {n: Metric(1.0, 1.0, 0.1, 9.0) for n in names} if status == Status.MISMATCH else {}
     issue = KnownIssueMatch(link=LINK, expected=(status.value,), matched=True) if known else None
     return Record(case=case.id, family=case.family, params=case.params(), impl=impl, status=status,
                   metrics=metrics, known_issue=issue)
 
 
 def shrinking(rules: Rules, impl: str = "a", rec=None, now: float = 100.0) -> Shrinking:
-    out = rules.explored(CASE, [(impl, rec or record(impl, Status.MISMATCH))], {}, 7, now, now - 90.0)
+    out = rules.explored(CASE, [(impl, rec or record(impl, Status.MISMATCH))], [], 7, now, now - 90.0)
     assert out.shrink is not None
     return out.shrink
 
@@ -48,40 +52,46 @@ def shrinking(rules: Rules, impl: str = "a", rec=None, now: float = 100.0) -> Sh
 def test_a_new_failure_starts_a_shrink_and_only_the_first_one_does():
     rules = Rules(max_cases=10, shrink_limit_s=30.0)
     records = [("a", record("a")), ("b", record("b", Status.MISMATCH)), ("c", record("c", Status.ERROR))]
-    out = rules.explored(CASE, records, {}, 4, 100.0, 12.5)
+    out = rules.explored(CASE, records, [], 4, 100.0, 12.5)
     s = out.shrink
     assert (s.impl, s.signature, s.original, s.record) == ("b", "b: mismatch (train.output)", CASE, records[1][1])
     assert (s.found_after, s.found_at_s, s.started, s.until, s.runs) == (4, 12.5, 100.0, 130.0, 0)
     assert out.known == [] and out.again == []  # c's error waits for a later round
-    nothing = rules.explored(CASE, [("a", record("a")), ("b", record("b", Status.UNSUPPORTED))], {}, 5, 0, 0)
+    nothing = rules.explored(CASE, [("a", record("a")), ("b", record("b", Status.UNSUPPORTED))], [], 5, 0, 0)
     assert nothing == Explored()
 
 
-def test_known_issues_are_known_findings_and_signatures_found_before_occurrences():
+def test_known_issues_are_known_findings_and_explained_failures_symptoms():
     rules = Rules(budget_s=60.0)
     known = record("k", Status.CRASH, known=True)
-    found = {"b: mismatch (train.output)": object()}
-    records = [("k", known), ("b", record("b", Status.MISMATCH)), ("a", record("a", Status.HANG))]
-    out = rules.explored(CASE, records, found, 3, 50.0, 5.0)
+    plain = space.make_case(batch_sizes=(2, 2), spatial=((4,), (4,)), channels=1)
+    b = Rules.finding(shrinking(rules, "b"), plain, record("b", Status.MISMATCH, case=plain))
+    # b's defect starts in the training forward: the running statistics it fails next are its symptom too.
+    records = [("k", known), ("b", record("b", Status.MISMATCH, "rank1.step0.train.running_var")),
+               ("a", record("a", Status.HANG))]
+    out = rules.explored(CASE, records, [b], 3, 50.0, 5.0)
     (f,) = out.known
     assert (f.signature, f.impl, f.known, f.link, f.found_after, f.found_at_s) == \
         ("k: crash (crash)", "k", True, LINK, 3, 5.0)
     assert f.original is f.minimal is CASE and f.record is f.original_record is known
-    assert out.again == ["b: mismatch (train.output)"]
+    assert out.again == [(b, "b: mismatch (train.running_var)")]
     assert out.shrink.signature == "a: hang (timeout)"  # the known one is never shrunk
     # A known signature seen twice in one case is found once, then seen again.
-    twice = rules.explored(CASE, [("k", known), ("k", known)], {}, 3, 50.0, 5.0)
-    assert len(twice.known) == 1 and twice.again == ["k: crash (crash)"] and twice.shrink is None
+    twice = rules.explored(CASE, [("k", known), ("k", known)], [], 3, 50.0, 5.0)
+    assert len(twice.known) == 1 and twice.again == [(twice.known[0], "k: crash (crash)")] and twice.shrink is None
 
 
 def test_while_shrinking_only_the_same_failure_is_the_target():
     rules = Rules(max_cases=10)
     s = shrinking(rules)
-    assert rules.is_target(s, record("a", Status.MISMATCH, "rank1.step3.train.output", case=SMALL))
-    assert not rules.is_target(s, record("a", Status.MISMATCH, "rank0.step0.train.running_var", case=SMALL))
-    assert not rules.is_target(s, record("a", Status.ERROR, case=SMALL))
-    assert not rules.is_target(s, record("a", Status.PASS, case=SMALL))
-    assert not rules.is_target(s, record("b", Status.MISMATCH, case=SMALL))
+    assert rules.is_target(s, SMALL, record("a", Status.MISMATCH, "rank1.step3.train.output", case=SMALL))
+    assert not rules.is_target(s, SMALL, record("a", Status.MISMATCH, "rank0.step0.train.running_var", case=SMALL))
+    assert not rules.is_target(s, SMALL, record("a", Status.ERROR, case=SMALL))
+    assert not rules.is_target(s, SMALL, record("a", Status.PASS, case=SMALL))
+    assert not rules.is_target(s, SMALL, record("b", Status.MISMATCH, case=SMALL))
+    # A smaller case that needs a trait the original lacks is another defect's, not this one's.
+    offset = space.make_case(batch_sizes=(2, 3), spatial=((4,), (4,)), channels=1, input_mean=1000.0)
+    assert not rules.is_target(s, offset, record("a", Status.MISMATCH, case=offset))
     # The finding is the shrink's, with the minimal case; the minimal record decides whether it is known.
     s.runs = 5
     smaller = record("a", Status.MISMATCH, case=SMALL)
@@ -129,7 +139,7 @@ class Clock:
 
 class Session:
     """A scripted session: implementation ``a`` fails train.output on cases with ``fails_from`` channels or more,
-    train.running_var instead (another failure) from ``other_from`` channels on."""
+    and raises instead (another failure) from ``other_from`` channels on."""
 
     def __init__(self, clock: Clock, fails_from: int, other_from: float):
         self.impls, self.unavailable, self.clock, self.ran = [SimpleNamespace(name="a")], (), clock, []
@@ -140,8 +150,9 @@ class Session:
         self.ran.append(case.id)
         if case.channels < self.fails_from:
             return record(impl.name, case=case)
-        failing = "rank0.step0.train.running_var" if case.channels >= self.other_from else "rank0.step0.train.output"
-        return record(impl.name, Status.MISMATCH, failing, case=case)
+        if case.channels >= self.other_from:
+            return record(impl.name, Status.ERROR, case=case)
+        return record(impl.name, Status.MISMATCH, case=case)
 
 
 class SmallExplorer(Explorer):
@@ -172,13 +183,13 @@ def test_the_explorer_stops_at_its_budget_and_shrinks_to_the_smallest_same_failu
 
 
 def test_the_explorer_shrinks_past_another_failure_to_the_same_one():
-    # Twenty channels and more fail running_var, which the smaller cases failing train.output never stand in for.
+    # Twenty channels and more raise, which the smaller cases failing train.output never stand in for.
     result, _ = explore(Clock(), fails_from=2, other_from=20, max_cases=100, shrink_limit_s=1e6)
     assert result.stopped_by == "max-cases"
     minimal = {f.signature: (f.minimal.channels, f.original.channels) for f in result.new}
-    assert sorted(minimal) == ["a: mismatch (train.output)", "a: mismatch (train.running_var)"], minimal
+    assert sorted(minimal) == ["a: error (error)", "a: mismatch (train.output)"], minimal
     assert minimal["a: mismatch (train.output)"][0] == 2
-    assert minimal["a: mismatch (train.running_var)"][0] == 20
+    assert minimal["a: error (error)"][0] == 20
 
 
 @pytest.mark.parametrize("limit", [{"shrink_max_runs": 3}, {"shrink_limit_s": 2.5}], ids=["runs", "time"])

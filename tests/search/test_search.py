@@ -3,8 +3,9 @@
 - The reference and the independent float32-accumulating SyncBN raise no finding over generated cases
   (``SYNCBN_SEARCH_CASES`` of them, 200 by default here: docs/search.md states a larger sweep's figures).
 - Each defect of ``search_defects`` passes the default selection's layer cases (so only search finds it), and
-  search finds it within a budget of cases and shrinks it to a case that keeps what the defect needs and no
-  more than a small case has besides.
+  search finds it within a budget of cases, as ONE finding (its cause; the tensors it failed on are that
+  finding's symptoms), shrunk to a case that keeps what the defect needs and no more than a small case has
+  besides; two of them planted in one implementation are two findings.
 - The CLI: exit code, summary files, a repro file per finding, ``--save`` promoting into a catalog file.
 """
 
@@ -78,13 +79,13 @@ def test_search_finds_and_shrinks_the_defect(defect):
     print(f"{defect.__name__}: first found after {first.found_after} cases; shrunk in {first.shrink_runs} runs "
           f"from {first.original.id} to {first.minimal.id}")
     for f in result.new:
-        print(f"  {f.signature}: {f.minimal.id}: {f.record.message[:200]}")
-    # Every finding is the defect (a case without what it needs would be a false alarm), each a mismatch, and
-    # one of them on the tensor it corrupts first.
-    for f in result.new:
-        assert needs(f.minimal), f"the shrunk case lacks what {defect.__name__} needs: {f.minimal.id}"
-        assert f.record.status == Status.MISMATCH
-    assert any(corrupts in f.signature for f in result.new), [f.signature for f in result.new]
+        print(f"  {f.title}: {f.minimal.id}; symptoms {f.symptoms}: {f.record.message[:200]}")
+    # One defect, one finding: the defect (a case without what it needs would be a false alarm), a mismatch,
+    # with the tensor it corrupts first among its symptoms.
+    assert len(result.new) == 1, [f.title for f in result.new]
+    assert needs(first.minimal), f"the shrunk case lacks what {defect.__name__} needs: {first.minimal.id}"
+    assert first.record.status == Status.MISMATCH
+    assert any(corrupts in s for s in first.symptoms), first.symptoms
     small = first.minimal
     assert small.world_size <= first.original.world_size and len(small.steps) <= len(first.original.steps)
     assert small.channels <= first.original.channels
