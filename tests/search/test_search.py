@@ -92,6 +92,23 @@ def test_search_finds_and_shrinks_the_defect(defect):
     assert small.world_size == 2 and small.channels <= 2 and small.input_layout == "dense"
 
 
+@pytest.mark.sweep(60)
+def test_two_defects_in_one_implementation_are_two_findings():
+    sys.path.insert(0, SUPPORT)
+    import search_defects as d
+
+    result = explore(["search_defects:CumulativeAverageAndCachedCount"], seed=0, max_cases=FIND_WITHIN,
+                     shrink_limit_s=300)
+    for f in result.new:
+        print(f"  {f.title}: {f.minimal.id}; symptoms {f.symptoms}")
+    assert len(result.new) == 2, [f.title for f in result.new]
+    running = [f for f in result.new if f.cause.origin == "running statistics"]
+    forward = [f for f in result.new if f.cause.origin == "training forward"]
+    assert len(running) == len(forward) == 1, [f.title for f in result.new]
+    assert d.SEARCH_ONLY[d.HalfInputCumulativeAverage][0](running[0].minimal)
+    assert d.SEARCH_ONLY[d.CountCachedOnceStable][0](forward[0].minimal)
+
+
 @pytest.mark.sweep(29)
 def test_cli_search_writes_summary_repro_and_promotes(tmp_path):
     out, store, found = tmp_path / "out", tmp_path / "store", tmp_path / "found.json"

@@ -78,6 +78,11 @@ class CountCachedOnceStable(TextbookSyncBN):
         return mean, self.reduce((d * d).sum(dims)) / n, n
 
 
+class CumulativeAverageAndCachedCount(HalfInputCumulativeAverage, CountCachedOnceStable):
+    """Two of the defects above in one implementation, as a real one may have them: two causes (the running
+    statistics' update, the training forward's count), each with its own condition, so two findings."""
+
+
 # Defect -> what its shrunk case must still have (a predicate over the case) and the tensor it corrupts.
 SEARCH_ONLY = {
     DropsBlockTail: (lambda c: max(b * _prod(sp) for s in range(len(c.steps)) for b, sp in zip(c.sizes_at(s),
