@@ -36,6 +36,10 @@ def gpu_evidence(packed, into, calls, check_pages, refresh_pages):
             raise UsageError("gpu-evidence PACKED needs --into DIR (a new folder, e.g. docs/gpu-runs/<date>-<gpu>)")
         written = evidence.file_run(Path(packed), Path(into), list(calls))
         click.echo(f"filed {len(written)} files into {into}")
+        runs = root / "docs" / "findings" / "runs.toml"
+        if runs.is_file():  # in the harness's own repository: the repro verdicts become runs of record
+            n = evidence.record_repro_runs(Path(into), runs, root)
+            click.echo(f"recorded {n} repro runs in {runs.relative_to(root)}")
     for page in refresh_pages:
         changed = evidence.refresh_page(Path(page), root)
         click.echo(f"{page}: {changed} tables rewritten from their runs' files")

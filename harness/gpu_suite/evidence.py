@@ -9,6 +9,11 @@ NCCL probe), and ``calls.md``, the exact command of each call to the machine.
 The tarball itself (the whole store, every log) is not kept: ``records.csv``
 holds each record's case, implementation, status and error over tolerance.
 
+Recording (:func:`record_repro_runs`): the repro files' verdicts of a filed
+run become runs of record in ``docs/findings/runs.toml`` (each file's sha256
+as it ran, the exit status, the verdict line, its log in the filed run), which
+the claims "exits N on CUDA" in the findings docs are checked against.
+
 Citing: a page embeds a table of a filed run between two markers::
 
     <!-- table: docs/gpu-runs/2026-11-28-h200 bench -->
@@ -23,6 +28,7 @@ rewrites them.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tarfile
@@ -31,6 +37,7 @@ from pathlib import Path
 from harness.errors import UsageError
 from harness.gpu_suite import tables
 from harness.gpu_suite.pack import COPIED
+from harness.gpu_suite.repros import ABSENT, CANNOT, SHOWS
 
 FROM_TARBALL = ("fidelity.md", "ncu.md", "ncu.csv", "repros.json", "nccl-probe.json")
 REPRO_LOGS = "logs/repros/"
@@ -118,3 +125,38 @@ def refresh_page(page: Path, root: Path) -> int:
 
     page.write_text(BLOCK.sub(redo, text), encoding="utf-8")
     return changed
+
+
+def record_repro_runs(filed: Path, runs: Path, root: Path) -> int:
+    """Append the repro verdicts of the run filed in ``filed`` to ``runs`` as runs of record (see the module
+    docstring): each file that printed a verdict line (shows, does not show, could not run), with its log's
+    path relative to ``root`` (absolute where it lies elsewhere); how many were added. A verdict without the
+    file's sha256 (written before they carried one) is left out, and so is one already recorded."""
+    verdicts_file, machine_file = filed / "repros.json", filed / "machine.json"
+    if not verdicts_file.is_file() or not machine_file.is_file():
+        return 0
+    machine = json.loads(machine_file.read_text(encoding="utf-8"))
+    gpus = machine.get("gpus") or []
+    where = "cuda" if gpus else "cpu"
+    gpu = (f"{gpus[0]['name']} (sm_{gpus[0]['capability'].replace('.', '')}), {machine.get('cpus')} cores, "
+           f"driver {machine.get('driver')}") if gpus else f"{machine.get('cpus')} cores, no GPU"
+    have = runs.read_text(encoding="utf-8") if runs.is_file() else ""
+    date = filed.name[:10]
+    added = []
+    for v in json.loads(verdicts_file.read_text(encoding="utf-8")):
+        if v.get("exit") not in (0, 1, 2) or not v.get("sha256") or v["verdict"] not in (SHOWS, ABSENT, CANNOT):
+            continue
+        if f'sha256 = "{v["sha256"]}"' in have and f'date = "{date}"' in have:
+            continue
+        log = (filed / "repro-logs" / f"{Path(v['file']).stem}.txt").resolve()
+        if log.is_relative_to(root.resolve()):
+            log = log.relative_to(root.resolve())
+        fields = {"file": v["file"], "sha256": v["sha256"], "commit": (machine.get("harness") or {}).get("commit"),
+                  "where": where, "machine": gpu, "build": f"torch {machine.get('torch')}", "date": date,
+                  "exit": v["exit"], "line": v["line"], "log": log.as_posix()}
+        added.append("\n[[run]]\n" + "".join(f"{k} = {json.dumps(val)}\n" for k, val in fields.items()
+                                             if val is not None))
+    if added:
+        with open(runs, "a", encoding="utf-8") as out:
+            out.write("".join(added))
+    return len(added)

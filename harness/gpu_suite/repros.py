@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import hashlib
 import json
 import os
 import signal
@@ -55,6 +56,7 @@ class Verdict:
     seconds: float
     line: str  # the verdict line it printed, or why it is broken / not run
     tail: list
+    sha256: str = ""  # of the file as it ran: a claim about the file names its bytes (docs/findings/runs.toml)
 
 
 def judge(exit_code: Optional[int], output: str) -> tuple[str, str]:
@@ -96,9 +98,10 @@ def missing_modules(modules: list[str], env: dict) -> list[str]:
 
 def run_one(path: Path, env: dict, log: Path, timeout_s: float = TIMEOUT_S) -> Verdict:
     """Run one file in its own process group (killed whole past ``timeout_s``); its verdict."""
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
     missing = missing_modules(imported_modules(path), env)
     if missing:
-        return Verdict(path.name, NOT_RUN, None, 0.0, f"needs {', '.join(missing)}, not installed here", [])
+        return Verdict(path.name, NOT_RUN, None, 0.0, f"needs {', '.join(missing)}, not installed here", [], digest)
     t0 = time.monotonic()
     with open(log, "w", encoding="utf-8") as out:
         group = procs.Group([sys.executable, str(path)], stdout=out, stderr=subprocess.STDOUT, env=env)
@@ -113,7 +116,7 @@ def run_one(path: Path, env: dict, log: Path, timeout_s: float = TIMEOUT_S) -> V
     text = log.read_text(encoding="utf-8", errors="replace")
     verdict, line = judge(code, text)
     tail = [x for x in text.splitlines() if x.strip()][-4:]
-    return Verdict(path.name, verdict, code, round(time.monotonic() - t0, 1), line, tail)
+    return Verdict(path.name, verdict, code, round(time.monotonic() - t0, 1), line, tail, digest)
 
 
 def stop_all() -> None:

@@ -80,6 +80,29 @@ def test_a_packed_run_is_filed_with_its_raw_files_and_calls(packed, tmp_path):
         evidence.file_run(tmp_path, tmp_path / "elsewhere", [])
 
 
+def test_a_filed_runs_repro_verdicts_become_runs_of_record(packed, tmp_path):
+    """Each verdict keeps the file's sha256 as it ran: a claim "exits 1 on CUDA" about the file as it is now
+    is checked against it (tests/repro/test_findings_files.py)."""
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        import tomli as tomllib
+
+    into = tmp_path / "docs" / "gpu-runs" / "2026-11-28-h200"
+    evidence.file_run(packed, into, [])
+    runs = tmp_path / "runs.toml"
+    runs.write_text("# runs of record\n")
+    assert evidence.record_repro_runs(into, runs, tmp_path) == 1
+    assert evidence.record_repro_runs(into, runs, tmp_path) == 0  # recorded once
+    (run,) = tomllib.loads(runs.read_text())["run"]
+    verdict = json.loads((into / "repros.json").read_text())[0]
+    assert (run["file"], run["exit"], run["sha256"], run["date"]) == ("shows.py", 1, verdict["sha256"],
+                                                                      "2026-11-28")
+    assert run["line"] == "SYMPTOM SHOWS (mismatch): off | by 1" and run["commit"] == "abc123"
+    assert run["where"] == "cuda" and run["machine"].startswith("NVIDIA H200 (sm_90)")
+    assert (tmp_path / run["log"]).read_text().strip().endswith(run["line"])
+
+
 def test_every_table_is_made_from_the_raw_files(packed, tmp_path):
     evidence.file_run(packed, tmp_path / "filed", [])
     packed = tmp_path / "filed"
