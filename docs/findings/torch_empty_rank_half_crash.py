@@ -149,7 +149,8 @@ def main():
         return 2
     messages, codes, hung = launch()
     for r in range(WORLD):
-        print(f"rank {r} ({SIZES[r]} samples): {messages[r]}; exit {codes[r]}{', killed at the deadline' if r in hung else ''}")
+        killed = ", killed at the deadline" if r in hung else ""
+        print(f"rank {r} ({SIZES[r]} samples): {messages[r]}; exit {codes[r]}{killed}")
     first = {r: next((m for m in messages[r] if m[0] == "gather"), None) for r in range(WORLD)}
     ends = {r: next((m for m in messages[r] if m[0] in ("done", "raised")), None) for r in range(WORLD)}
     if all(first.values()):
