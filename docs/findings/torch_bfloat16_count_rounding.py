@@ -15,8 +15,8 @@ counts), was closed unmerged. Severity: silent wrong value where the mean is lar
 Reach: models converted whole to bfloat16 whose partial counts need more than 8 significant bits.
 
 A past version of this file broke on the H200 (2026-11-28 suite) in its own code: an EOFError receiving a
-rank's tensor through a queue after the rank had exited; ranks now send plain numbers. This file exits 2 on
-CPU: torch's SyncBatchNorm runs only on CUDA.
+rank's tensor through a queue after the rank had exited; ranks now send plain numbers.
+This file exits 2 on CPU: torch's SyncBatchNorm runs only on CUDA.
 Needs only torch and a GPU. Exit 1: the symptom shows (the output is off nn.BatchNorm1d's by more than 0.05);
 0: every rank's output is within 0.02 of nn.BatchNorm1d's; 2: anything else (no GPU, an error, non-finite
 values, an error between 0.02 and 0.05, a crash or a time-out).
