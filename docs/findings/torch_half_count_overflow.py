@@ -1,121 +1,154 @@
 #!/usr/bin/env python3
-"""torch: output is NaN/Inf where BatchNorm's is finite.
+"""torch: a fully float16 SyncBatchNorm with 65,520 or more values per channel on a rank gives NaN/Inf
+everywhere.
 
-2 processes on CUDA run torch.nn.SyncBatchNorm (1 channels, float16 input, float16 parameters) on
-their parts of one batch (1, 65520 samples of spatial size (); steps: train) and compare output with
-torch.nn.BatchNorm1d over the whole batch in float64.
+What it runs: 2 processes on CUDA (nccl with a GPU per rank, else gloo with both ranks on cuda:0) run
+torch.nn.SyncBatchNorm(1) converted whole to float16 (parameters and buffers, as model.half() does), rank 0
+holding 1 sample and rank 1 holding 65,520, one training step (forward and backward). Expected: the output of
+nn.BatchNorm1d(1) over the whole batch in float64 (finite). Actual (torch 2.11.0+cu130, H200 and H100): every
+output value of every rank is NaN or Inf, and so are the gradients and running statistics.
 
-Seen: mismatch on torch 2.11.0+cu130, cuda/gloo, syncbn-harness case
-search/float16-float16/contiguous/uneven-1-65520/c1/plain/train/ws2-9649a26d.
-Needs only torch and a GPU (torch's kernels here are CUDA kernels). Exit 1: the symptom shows; 0: it
-does not (fixed); 2: something else failed.
+Cause: SyncBatchNorm.forward casts the all_gathered counts to running_mean.dtype before
+batch_norm_gather_stats_with_counts (pytorch#98332, for pytorch#96203); 65,520 rounds to inf in float16. The
+same root cause as pytorch#70901 (counts merged in the running statistics' dtype). Severity: silent
+non-finite. Reach: fully half models (not autocast) with 65,520+ values per channel on a rank: a ResNet stem at
+224x224 from 6 samples per GPU.
+
+A past version of this file (the harness's generated form) was run on an H100 (torch 2.11.0+cu130); no log of
+that run was kept. This file exits 2 on CPU: torch's SyncBatchNorm runs only on CUDA.
+Needs only torch and a GPU. Exit 1: the symptom shows (a rank's output holds NaN/Inf where nn.BatchNorm1d's
+is finite); 0: every rank's output is finite and matches nn.BatchNorm1d's within the tolerance; 2: anything
+else (no GPU, an error, finite but wrong values, a crash or a time-out).
 """
 import datetime
 import math
 import socket
 import sys
+import time
+from multiprocessing.connection import wait
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-SyncBatchNorm = torch.nn.SyncBatchNorm
-C, SPATIAL = 1, [(), ()]  # channels; each rank's spatial size
-STEP_SIZES = [[1, 65520]]  # each step's batch size per rank
-STEPS = ['train']  # train, eval: forward and backward; nograd: training forward, no_grad
-DTYPE, PARAM_DTYPE = torch.float16, torch.float16  # input; parameters and buffers
-LAYER = dict(eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)
-SEED = 0
-SYMPTOM, QUANTITY, ERROR_TYPE = 'mismatch', 'output', None  # what shows the defect
-# Tolerance: 16 unit roundoffs of the quantity's dtype, plus 16 of the accumulation type (float32;
-# float64 for float64 input) x log2(values per channel) x the input's max|x| / sqrt(var + eps)
-U_Q, U_ACC = 0.00048828125, 5.960464477539063e-08
-BN = torch.nn.BatchNorm1d
-DEVICE = "cuda"
-BACKEND = "nccl" if DEVICE == "cuda" and torch.cuda.device_count() >= len(SPATIAL) else "gloo"
+WORLD, C, SIZES = 2, 1, (1, 65520)
+DTYPE = PARAM_DTYPE = torch.float16
+GROUP_TIMEOUT_S, DEADLINE_S, EXIT_GRACE_S = 30, 120, 10
 
 
-def data():
-    """The parameters and each step's per-rank (input, upstream gradient), drawn in float64 from SEED."""
-    g = torch.Generator().manual_seed(SEED)
-    f64 = dict(dtype=torch.float64, generator=g)
-    off, scale = torch.randn(C, **f64), torch.rand(C, **f64) * 1.5 + 0.5
-    sign = torch.where(torch.rand(C, generator=g) < 0.3, -1.0, 1.0).double()
-    params = dict(weight=sign * (torch.rand(C, **f64) * 1.5 + 0.25), bias=torch.randn(C, **f64) * 0.5,
-                  running_mean=torch.randn(C, **f64) * 0.1, running_var=torch.rand(C, **f64) * 0.5 + 0.75)
-    steps = []
-    for sizes in STEP_SIZES:
-        steps.append([])
-        for n, sp in zip(sizes, SPATIAL):
-            shape, b = (n, C, *sp), (1, C) + (1,) * len(sp)
-            x = torch.randn(shape, **f64) * scale.view(b) + off.view(b)
-            steps[-1].append((x.to(DTYPE).double(), torch.randn(shape, **f64).to(DTYPE).double()))
-    return {k: v.to(PARAM_DTYPE) for k, v in params.items()}, steps
+def tolerance(x):
+    """Relative to the largest reference value: 16 float16 roundoffs, plus 16 float32 roundoffs of the statistics
+    x log2(values per channel) x the batch's max|x| / std."""
+    cond = float((x.abs().amax(0) / (x.var(0, correction=0) + 1e-5).sqrt()).max())
+    return 16 * 2.0 ** -11 + 16 * 2.0 ** -24 * math.log2(x.numel() // C) * cond
 
 
-def tolerance(x):  # normwise, relative; x: the whole batch, whose max|x| / sqrt(var + eps) is its conditioning
-    dims, k, x = [0, *range(2, x.dim())], x.numel() // C, x.detach()
-    cond = float((x.abs().amax(dims) / (x.var(dims, correction=0) + LAYER["eps"]).sqrt()).max()) if k else 1.0
-    return 16 * U_Q + 16 * U_ACC * max(math.log2(max(k, 1)), 1) * cond
+def step(rank):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(sum(SIZES), C, dtype=torch.float64, generator=g) * 1.5 + 0.5).to(DTYPE).double()
+    dy = torch.randn(sum(SIZES), C, dtype=torch.float64, generator=g).to(DTYPE).double()
+    bn = torch.nn.BatchNorm1d(C).double().train()
+    layer = torch.nn.SyncBatchNorm(C).cuda().to(PARAM_DTYPE).train()
+    return (*compare(rank, layer, bn, x, dy), tolerance(x))
 
 
-def observe(module, y, grad, group=False):  # QUANTITY after a step
-    return y.detach()
+def compare(rank, layer, bn, x, dy):
+    """One training step (forward, backward) of `layer` on this rank's part of the whole batch `x` (float64, on
+    the CPU) and of `bn` (float64) on the whole batch; returns the output's max error relative to the largest
+    reference value, and the number of non-finite values in the layer's and the reference's output."""
+    part = slice(sum(SIZES[:rank]), sum(SIZES[:rank + 1]))
+    xs = x.clone().requires_grad_()
+    ys = bn(xs)
+    ys.backward(dy)
+    xr = x[part].to("cuda", DTYPE).requires_grad_()
+    y = layer(xr)
+    y.backward(dy[part].to("cuda", DTYPE))
+    got, want = y.detach().double().cpu(), ys.detach()[part]
+    scale = float(ys.detach().abs().max())
+    err = float((got - want).abs().nan_to_num(float("inf")).max()) / scale if got.numel() else 0.0
+    return err, int((~torch.isfinite(got)).sum()), int((~torch.isfinite(want)).sum())
 
 
-def check(rank, s, kind, got, want, tol):
-    """Check one step's QUANTITY; print what was found; True if it is as BatchNorm's."""
-    ok = bool(torch.isfinite(got).all()) or not bool(torch.isfinite(want).all())
-    print(f"rank {rank} step {s} ({kind}) {QUANTITY}: " + f"{int((~torch.isfinite(got)).sum())} of {got.numel()} values NaN/Inf, expected {int((~torch.isfinite(want)).sum())}\n", end="")
-    return ok
+def rank_main(rank, port, conn):
+    """This rank's part (step); sends ("done", result) or ("raised", type, first line of the message)."""
+    try:
+        backend = "nccl" if torch.cuda.device_count() >= WORLD else "gloo"
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+                                timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+        conn.send(("done", step(rank)))
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which judges it
+        lines = str(e).strip().splitlines()
+        conn.send(("raised", type(e).__name__, lines[0][:300] if lines else ""))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        conn.close()
 
 
-def rank_main(rank, port):
-    """The layer on this rank's part of each step's batch, beside BatchNorm on the whole batch."""
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(BACKEND, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=len(SPATIAL),
-                            timeout=datetime.timedelta(seconds=60))
-    members, group = list(range(len(SPATIAL))), None
-    params, steps = data()
-    layer = SyncBatchNorm(C, **LAYER, process_group=group).to(DEVICE, PARAM_DTYPE)
-    bn = BN(C, **LAYER).double()  # the expectation: float64, over the whole batch of the group
-    layer.load_state_dict(params, strict=False)
-    bn.load_state_dict({k: v.double() for k, v in params.items()}, strict=False)
-    agrees = True
-    for s, (kind, sizes, row) in enumerate(zip(STEPS, STEP_SIZES, steps)):
-        train = kind in ("train", "nograd")
-        layer.train(train), bn.train(train)
-        together = members
-        xs = torch.cat([row[r][0] for r in together]).requires_grad_()
-        x = row[rank][0].to(DEVICE, DTYPE).requires_grad_()
-        ys, y = bn(xs), layer(x)
-        ys.backward(torch.cat([row[r][1] for r in together])), y.backward(row[rank][1].to(DEVICE, DTYPE))
-        start = sum(sizes[r] for r in together if r < rank)
-        part = slice(start, start + sizes[rank])
-        want = observe(bn, ys[part], None if xs.grad is None else xs.grad[part])
-        agrees &= check(rank, s, kind, observe(layer, y, x.grad, group), want, tolerance(xs))
-        layer.zero_grad(set_to_none=True), bn.zero_grad(set_to_none=True)
-    dist.destroy_process_group()
-    sys.exit(0 if agrees else 1)
-
-
-def main():
-    """Spawn the ranks; exit 1 if the SYMPTOM shows, 0 if every rank agrees with BatchNorm, 2 otherwise."""
-    if not torch.cuda.is_available():
-        print("OTHER: needs a GPU (the layer's kernels here are CUDA kernels)")
-        return 2
+def launch(rank_main):
+    """Start the ranks; gather what they send until they exit or DEADLINE_S passes; kill what is left.
+    Returns ({rank: [messages]}, {rank: exit code or signal}, hung: ranks killed at the deadline)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    try:
-        mp.spawn(rank_main, (port,), nprocs=len(SPATIAL))
-        seen, what = "pass", "every rank agrees with torch.nn.BatchNorm over the whole batch"
-    except mp.ProcessRaisedException as e:  # a rank raised (a collective times out after 60 s): the traceback
-        seen, what = ("hang" if "imed out" in str(e) else "error" if f"\n{ERROR_TYPE}: " in str(e) else "other"), e
-    except mp.ProcessExitedException as e:  # a rank found a disagreement (exit 1) or died
-        seen, what = ("crash" if e.signal_name else "mismatch" if e.exit_code == 1 else "other"), e
-    print(f"{'SYMPTOM SHOWS' if seen == SYMPTOM else 'no symptom' if seen == 'pass' else 'OTHER'} ({seen}): {what}")
-    return 1 if seen == SYMPTOM else 0 if seen == "pass" else 2
+    ctx = mp.get_context("spawn")
+    pipes = [ctx.Pipe(duplex=False) for _ in range(WORLD)]
+    procs = [ctx.Process(target=rank_main, args=(r, port, pipes[r][1]), daemon=True) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    for _, w in pipes:
+        w.close()
+    messages, reading = {r: [] for r in range(WORLD)}, {pipes[r][0]: r for r in range(WORLD)}
+    deadline = time.monotonic() + DEADLINE_S
+    while reading and time.monotonic() < deadline:
+        for conn in wait(list(reading), timeout=max(0.0, deadline - time.monotonic())):
+            try:
+                messages[reading[conn]].append(conn.recv())
+            except EOFError:  # the rank exited (or died)
+                del reading[conn]
+    hung = sorted(reading.values())
+    for r, p in enumerate(procs):
+        p.join(timeout=0 if r in hung else EXIT_GRACE_S)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+    codes = {r: f"signal {-p.exitcode}" if p.exitcode and p.exitcode < 0 else p.exitcode for r, p in enumerate(procs)}
+    return messages, codes, hung
+
+
+def final(messages):
+    """Each rank's last report: ("done", ...) or ("raised", type, message), or None if it sent none."""
+    return {r: next((m for m in reversed(ms) if m[0] in ("done", "raised")), None) for r, ms in messages.items()}
+
+
+def main():
+    if not torch.cuda.is_available():
+        print("OTHER: needs a GPU (torch's SyncBatchNorm runs only on CUDA)")
+        return 2
+    messages, codes, hung = launch(rank_main)
+    ends = final(messages)
+    for r, e in ends.items():
+        print(f"rank {r} ({SIZES[r]} samples): {e}; exit {codes[r]}")
+    if hung or not all(e and e[0] == "done" for e in ends.values()):
+        print(f"OTHER: not every rank finished: {ends}; exit codes {codes}; killed at the deadline: {hung}")
+        return 2
+    results = {r: e[1] for r, e in ends.items()}  # (max rel err, non-finite in output, in reference, tolerance)
+    if any(res[2] for res in results.values()):
+        print("OTHER: nn.BatchNorm1d's own output is not finite here")
+        return 2
+    bad = {r: res[1] for r, res in results.items() if res[1]}
+    if bad:
+        print(f"SYMPTOM SHOWS (non-finite): NaN/Inf output where nn.BatchNorm1d's is finite: "
+              f"{', '.join(f'rank {r} {n} of {SIZES[r]} values' for r, n in bad.items())}")
+        return 1
+    worst, tol = max(res[0] for res in results.values()), min(res[3] for res in results.values())
+    if worst <= tol:
+        print(f"no symptom (pass): every rank's output is finite and matches nn.BatchNorm1d over the whole batch "
+              f"(max rel err {worst:.3g} <= {tol:.3g})")
+        return 0
+    print(f"OTHER: the output is finite but off nn.BatchNorm1d's: max rel err {worst:.3g} (tolerance {tol:.3g})")
+    return 2
 
 
 if __name__ == "__main__":

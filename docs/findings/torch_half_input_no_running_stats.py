@@ -1,126 +1,147 @@
 #!/usr/bin/env python3
-"""torch: raises RuntimeError.
+"""torch: SyncBatchNorm with track_running_stats=False refuses float16 input with float32 parameters:
+"Expected counts to have type Half but got Float".
 
-2 processes on CUDA run torch.nn.SyncBatchNorm (8 channels, float16 input, float32 parameters,
-track_running_stats=False) on their parts of one batch (3, 5 samples of spatial size (5, 4); steps:
-train) and compare the output with torch.nn.BatchNorm2d over the whole batch in float64.
+What it runs: 2 processes on CUDA (nccl with a GPU per rank, else gloo with both ranks on cuda:0) run
+torch.nn.SyncBatchNorm(8, track_running_stats=False) with float32 parameters (as autocast leaves them) on
+float16 input, 3 and 5 samples of 5x4, one training step (forward and backward). Expected: the output of
+nn.BatchNorm2d(8, track_running_stats=False) over the whole batch in float64, which accepts the same layer
+and input. Actual (torch 2.11.0+cu130, H200 and H100): every rank raises
+RuntimeError: Expected counts to have type Half but got Float (in batch_norm_gather_stats_with_counts).
 
-Seen: error on torch 2.11.0+cu130, cuda/gloo, syncbn-harness case
-mixed-precision/no-running-stats/float16-float32/ws2.
-Needs only torch and a GPU (torch's kernels here are CUDA kernels). Exit 1: the symptom shows; 0: it
-does not (fixed); 2: something else failed.
+Cause: without a running_mean, the CUDA gather dispatches on the input's dtype and reads the counts as that
+dtype (pytorch#50126); SyncBatchNorm.forward casts the counts only to running_mean.dtype (pytorch#98332), so
+with no running statistics they stay float32. Severity: error, every training step. Reach: half or bfloat16
+input with track_running_stats=False, uncommon; also activation checkpointing that turns the running
+statistics off for a recomputed forward: fairscale met that interaction in 2021 (fairscale#617) and worked
+around it on its side (fairscale#659, a force_input_to_fp32 flag); torch's layer was not changed.
+
+A past version of this file (the harness's generated form) was run on an H100 (torch 2.11.0+cu130); no log of
+that run was kept. This file exits 2 on CPU: torch's SyncBatchNorm runs only on CUDA.
+Needs only torch and a GPU. Exit 1: the symptom shows (every rank raises RuntimeError with "Expected counts to
+have type Half but got Float"); 0: every rank finishes and its output matches nn.BatchNorm2d's within the
+tolerance; 2: anything else (no GPU, another error, a wrong value, a crash or a time-out).
 """
 import datetime
-import math
 import socket
 import sys
+import time
+from multiprocessing.connection import wait
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-SyncBatchNorm = torch.nn.SyncBatchNorm
-C, SPATIAL = 8, [(5, 4), (5, 4)]  # channels; each rank's spatial size
-STEP_SIZES = [[3, 5]]  # each step's batch size per rank
-STEPS = ['train']  # train, eval: forward and backward; nograd: training forward, no_grad
-DTYPE, PARAM_DTYPE = torch.float16, torch.float32  # input; parameters and buffers
-LAYER = dict(eps=1e-05, momentum=0.1, affine=True, track_running_stats=False)
-SEED = 1724543914
-SYMPTOM, QUANTITY, ERROR_TYPE = 'error', 'output', 'RuntimeError'  # what shows the defect
-# Tolerance: 16 unit roundoffs of the quantity's dtype, plus 16 of the accumulation type (float32;
-# float64 for float64 input) x log2(values per channel) x the input's max|x| / sqrt(var + eps)
-U_Q, U_ACC = 0.00048828125, 5.960464477539063e-08
-BN = torch.nn.BatchNorm2d
-DEVICE = "cuda"
-BACKEND = "nccl" if DEVICE == "cuda" and torch.cuda.device_count() >= len(SPATIAL) else "gloo"
+WORLD, C, SPATIAL, SIZES = 2, 8, (5, 4), (3, 5)
+DTYPE, PARAM_DTYPE = torch.float16, torch.float32
+SYMPTOM = "Expected counts to have type Half but got Float"
+TOLERANCE = 16 * 2.0 ** -11  # relative to the largest output: 16 float16 roundoffs
+GROUP_TIMEOUT_S, DEADLINE_S, EXIT_GRACE_S = 30, 90, 10
 
 
-def data():
-    """The parameters and each step's per-rank (input, upstream gradient), drawn in float64 from SEED."""
-    g = torch.Generator().manual_seed(SEED)
-    f64 = dict(dtype=torch.float64, generator=g)
-    off, scale = torch.randn(C, **f64), torch.rand(C, **f64) * 1.5 + 0.5
-    sign = torch.where(torch.rand(C, generator=g) < 0.3, -1.0, 1.0).double()
-    params = dict(weight=sign * (torch.rand(C, **f64) * 1.5 + 0.25), bias=torch.randn(C, **f64) * 0.5,
-                  running_mean=torch.randn(C, **f64) * 0.1, running_var=torch.rand(C, **f64) * 0.5 + 0.75)
-    steps = []
-    for sizes in STEP_SIZES:
-        steps.append([])
-        for n, sp in zip(sizes, SPATIAL):
-            shape, b = (n, C, *sp), (1, C) + (1,) * len(sp)
-            x = torch.randn(shape, **f64) * scale.view(b) + off.view(b)
-            steps[-1].append((x.to(DTYPE).double(), torch.randn(shape, **f64).to(DTYPE).double()))
-    return {k: v.to(PARAM_DTYPE) for k, v in params.items()}, steps
+def step(rank):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(sum(SIZES), C, *SPATIAL, dtype=torch.float64, generator=g) * 1.5 + 0.5).to(DTYPE).double()
+    dy = torch.randn(sum(SIZES), C, *SPATIAL, dtype=torch.float64, generator=g).to(DTYPE).double()
+    bn = torch.nn.BatchNorm2d(C, track_running_stats=False).double().train()
+    layer = torch.nn.SyncBatchNorm(C, track_running_stats=False).cuda().to(PARAM_DTYPE).train()
+    return compare(rank, layer, bn, x, dy)
 
 
-def tolerance(x):  # normwise, relative; x: the whole batch, whose max|x| / sqrt(var + eps) is its conditioning
-    dims, k, x = [0, *range(2, x.dim())], x.numel() // C, x.detach()
-    cond = float((x.abs().amax(dims) / (x.var(dims, correction=0) + LAYER["eps"]).sqrt()).max()) if k else 1.0
-    return 16 * U_Q + 16 * U_ACC * max(math.log2(max(k, 1)), 1) * cond
+def compare(rank, layer, bn, x, dy):
+    """One training step (forward, backward) of `layer` on this rank's part of the whole batch `x` (float64, on
+    the CPU) and of `bn` (float64) on the whole batch; returns the output's max error relative to the largest
+    reference value, and the number of non-finite values in the layer's and the reference's output."""
+    part = slice(sum(SIZES[:rank]), sum(SIZES[:rank + 1]))
+    xs = x.clone().requires_grad_()
+    ys = bn(xs)
+    ys.backward(dy)
+    xr = x[part].to("cuda", DTYPE).requires_grad_()
+    y = layer(xr)
+    y.backward(dy[part].to("cuda", DTYPE))
+    got, want = y.detach().double().cpu(), ys.detach()[part]
+    scale = float(ys.detach().abs().max())
+    err = float((got - want).abs().nan_to_num(float("inf")).max()) / scale if got.numel() else 0.0
+    return err, int((~torch.isfinite(got)).sum()), int((~torch.isfinite(want)).sum())
 
 
-def observe(module, y, grad, group=False):  # QUANTITY after a step
-    return y.detach()
+def rank_main(rank, port, conn):
+    """This rank's part (step); sends ("done", result) or ("raised", type, first line of the message)."""
+    try:
+        backend = "nccl" if torch.cuda.device_count() >= WORLD else "gloo"
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD,
+                                timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+        conn.send(("done", step(rank)))
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which judges it
+        lines = str(e).strip().splitlines()
+        conn.send(("raised", type(e).__name__, lines[0][:300] if lines else ""))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        conn.close()
 
 
-def check(rank, s, kind, got, want, tol):
-    """Compare one step's QUANTITY with BatchNorm's; print expected against actual; True if they agree."""
-    got, want = got.detach().double().cpu().flatten(), want.detach().flatten()
-    if want.numel() == 0:
-        return True  # this rank's part of the batch is empty
-    i = int((got - want).abs().nan_to_num(math.inf).argmax())
-    rel = float((got - want).abs().max() / want.abs().max().clamp_min(1e-300))
-    print(f"rank {rank} step {s} ({kind}) {QUANTITY}: expected {float(want[i]):.6g}, actual {float(got[i]):.6g} "
-          f"(element {i}); max rel err {rel:.3g} {'<=' if rel <= tol else '>'} tol {tol:.3g}\n", end="")
-    return rel <= tol
-
-
-def rank_main(rank, port):
-    """The layer on this rank's part of each step's batch, beside BatchNorm on the whole batch."""
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(BACKEND, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=len(SPATIAL),
-                            timeout=datetime.timedelta(seconds=60))
-    members, group = list(range(len(SPATIAL))), None
-    params, steps = data()
-    layer = SyncBatchNorm(C, **LAYER, process_group=group).to(DEVICE, PARAM_DTYPE)
-    bn = BN(C, **LAYER).double()  # the expectation: float64, over the whole batch of the group
-    layer.load_state_dict(params, strict=False)
-    bn.load_state_dict({k: v.double() for k, v in params.items()}, strict=False)
-    agrees = True
-    for s, (kind, sizes, row) in enumerate(zip(STEPS, STEP_SIZES, steps)):
-        train = kind in ("train", "nograd")
-        layer.train(train), bn.train(train)
-        together = members
-        xs = torch.cat([row[r][0] for r in together]).requires_grad_()
-        x = row[rank][0].to(DEVICE, DTYPE).requires_grad_()
-        ys, y = bn(xs), layer(x)
-        ys.backward(torch.cat([row[r][1] for r in together])), y.backward(row[rank][1].to(DEVICE, DTYPE))
-        start = sum(sizes[r] for r in together if r < rank)
-        part = slice(start, start + sizes[rank])
-        want = observe(bn, ys[part], None if xs.grad is None else xs.grad[part])
-        agrees &= check(rank, s, kind, observe(layer, y, x.grad, group), want, tolerance(xs))
-        layer.zero_grad(set_to_none=True), bn.zero_grad(set_to_none=True)
-    dist.destroy_process_group()
-    sys.exit(0 if agrees else 1)
-
-
-def main():
-    """Spawn the ranks; exit 1 if the SYMPTOM shows, 0 if every rank agrees with BatchNorm, 2 otherwise."""
-    if not torch.cuda.is_available():
-        print("OTHER: needs a GPU (the layer's kernels here are CUDA kernels)")
-        return 2
+def launch(rank_main):
+    """Start the ranks; gather what they send until they exit or DEADLINE_S passes; kill what is left.
+    Returns ({rank: [messages]}, {rank: exit code or signal}, hung: ranks killed at the deadline)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    try:
-        mp.spawn(rank_main, (port,), nprocs=len(SPATIAL))
-        seen, what = "pass", "every rank agrees with torch.nn.BatchNorm over the whole batch"
-    except mp.ProcessRaisedException as e:  # a rank raised (a collective times out after 60 s): the traceback
-        seen, what = ("hang" if "imed out" in str(e) else "error" if f"\n{ERROR_TYPE}: " in str(e) else "other"), e
-    except mp.ProcessExitedException as e:  # a rank found a disagreement (exit 1) or died
-        seen, what = ("crash" if e.signal_name else "mismatch" if e.exit_code == 1 else "other"), e
-    print(f"{'SYMPTOM SHOWS' if seen == SYMPTOM else 'no symptom' if seen == 'pass' else 'OTHER'} ({seen}): {what}")
-    return 1 if seen == SYMPTOM else 0 if seen == "pass" else 2
+    ctx = mp.get_context("spawn")
+    pipes = [ctx.Pipe(duplex=False) for _ in range(WORLD)]
+    procs = [ctx.Process(target=rank_main, args=(r, port, pipes[r][1]), daemon=True) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    for _, w in pipes:
+        w.close()
+    messages, reading = {r: [] for r in range(WORLD)}, {pipes[r][0]: r for r in range(WORLD)}
+    deadline = time.monotonic() + DEADLINE_S
+    while reading and time.monotonic() < deadline:
+        for conn in wait(list(reading), timeout=max(0.0, deadline - time.monotonic())):
+            try:
+                messages[reading[conn]].append(conn.recv())
+            except EOFError:  # the rank exited (or died)
+                del reading[conn]
+    hung = sorted(reading.values())
+    for r, p in enumerate(procs):
+        p.join(timeout=0 if r in hung else EXIT_GRACE_S)
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)
+    codes = {r: f"signal {-p.exitcode}" if p.exitcode and p.exitcode < 0 else p.exitcode for r, p in enumerate(procs)}
+    return messages, codes, hung
+
+
+def final(messages):
+    """Each rank's last report: ("done", ...) or ("raised", type, message), or None if it sent none."""
+    return {r: next((m for m in reversed(ms) if m[0] in ("done", "raised")), None) for r, ms in messages.items()}
+
+
+def main():
+    if not torch.cuda.is_available():
+        print("OTHER: needs a GPU (torch's SyncBatchNorm runs only on CUDA)")
+        return 2
+    messages, codes, hung = launch(rank_main)
+    ends = final(messages)
+    for r, e in ends.items():
+        print(f"rank {r} ({SIZES[r]} samples): {e}; exit {codes[r]}")
+    if hung or not all(ends.values()):
+        print(f"OTHER: not every rank reported: exit codes {codes}; killed at the deadline: {hung}")
+        return 2
+    if all(e[0] == "raised" and e[1] == "RuntimeError" and SYMPTOM in e[2] for e in ends.values()):
+        print(f"SYMPTOM SHOWS (error): every rank raises RuntimeError: {SYMPTOM}; nn.BatchNorm2d runs")
+        return 1
+    if all(e[0] == "done" for e in ends.values()):
+        worst = max(e[1][0] for e in ends.values())
+        if worst <= TOLERANCE and not any(e[1][1] for e in ends.values()):
+            print(f"no symptom (pass): every rank matches nn.BatchNorm2d over the whole batch "
+                  f"(max rel err {worst:.3g} <= {TOLERANCE:.3g})")
+            return 0
+        print(f"OTHER: the step runs but the output is off: max rel err {worst:.3g} (tolerance {TOLERANCE:.3g})")
+        return 2
+    print(f"OTHER: {ends}")
+    return 2
 
 
 if __name__ == "__main__":
