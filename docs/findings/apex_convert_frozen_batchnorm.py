@@ -14,7 +14,10 @@ Seen: apex e13873de (both its optimized and its Python-fallback SyncBatchNorm sh
 import sys
 
 import torch
-from apex.parallel import convert_syncbn_model
+try:
+    from apex.parallel import convert_syncbn_model
+except ImportError as exc:  # reported by main, exit 2
+    convert_syncbn_model, IMPORT_ERROR = None, f"{type(exc).__name__}: {exc}"
 
 
 def frozen_model():
@@ -31,6 +34,9 @@ def flags(layer):
 
 
 def main():
+    if convert_syncbn_model is None:
+        print(f"OTHER: needs apex ({IMPORT_ERROR})")
+        return 2
     want = flags(frozen_model()[1])
     apex_got = flags(convert_syncbn_model(frozen_model())[1])
     torch_got = flags(torch.nn.SyncBatchNorm.convert_sync_batchnorm(frozen_model())[1])

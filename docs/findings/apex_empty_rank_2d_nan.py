@@ -17,7 +17,10 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from apex.parallel import SyncBatchNorm
+try:
+    from apex.parallel import SyncBatchNorm
+except ImportError as exc:  # reported by main, exit 2
+    SyncBatchNorm, IMPORT_ERROR = None, f"{type(exc).__name__}: {exc}"
 
 SIZES = (0, 2)
 
@@ -42,8 +45,14 @@ def rank_main(rank, port):
 
 
 def main():
+    if SyncBatchNorm is None:
+        print(f"OTHER: needs apex ({IMPORT_ERROR})")
+        return 2
     if not torch.cuda.is_available():
         print("OTHER: needs a GPU (apex's optimized SyncBatchNorm runs CUDA kernels)")
+        return 2
+    if SyncBatchNorm.__module__ != "apex.parallel.optimized_sync_batchnorm":
+        print(f"OTHER: needs apex built with its syncbn CUDA extension (got {SyncBatchNorm.__module__})")
         return 2
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

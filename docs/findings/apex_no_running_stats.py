@@ -19,7 +19,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from apex.parallel import SyncBatchNorm
+try:
+    from apex.parallel import SyncBatchNorm
+except ImportError as exc:  # reported by main, exit 2
+    SyncBatchNorm, IMPORT_ERROR = None, f"{type(exc).__name__}: {exc}"
 C, SPATIAL = 8, [(4, 3), (4, 3)]  # channels; each rank's spatial size
 STEP_SIZES = [[3, 4], [3, 4]]  # each step's batch size per rank
 STEPS = ['train', 'eval']  # train, eval: forward and backward; nograd: training forward, no_grad
@@ -106,6 +109,15 @@ def rank_main(rank, port):
 
 def main():
     """Spawn the ranks; exit 1 if the SYMPTOM shows, 0 if every rank agrees with BatchNorm, 2 otherwise."""
+    if SyncBatchNorm is None:
+        print(f"OTHER: needs apex ({IMPORT_ERROR})")
+        return 2
+    if not torch.cuda.is_available():
+        print("OTHER: needs a GPU (apex's optimized SyncBatchNorm runs CUDA kernels)")
+        return 2
+    if SyncBatchNorm.__module__ != "apex.parallel.optimized_sync_batchnorm":
+        print(f"OTHER: needs apex built with its syncbn CUDA extension (got {SyncBatchNorm.__module__})")
+        return 2
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

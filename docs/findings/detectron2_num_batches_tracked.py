@@ -1,135 +1,143 @@
 #!/usr/bin/env python3
-"""detectron2: num_batches_tracked differs from BatchNorm's.
+"""detectron2 NaiveSyncBatchNorm: num_batches_tracked stays 0 through training steps.
 
-2 processes (gloo, CPU) run detectron2 (1 channels, float32 input, float32 parameters, inputs 0 +
-0.003 x N(offset, spread)) on their parts of one batch (1, 1 samples of spatial size (1, 1); steps:
-train) and compare num_batches_tracked with torch.nn.BatchNorm2d over the whole batch in float64.
+Its training forward updates running_mean and running_var itself and never increments
+num_batches_tracked, which torch.nn.BatchNorm increments once per training forward.
 
-Seen: mismatch on torch 2.13.0+cpu (stats_mode='' from detectron2-layers) with detectron2
-detectron2-layers 0.0.5, fvcore 0.1.5.post20221221, on torch 2.13.0+cpu, cpu/gloo, syncbn-harness
-case search/float32-float32/contiguous/even-1-1/c1x1x1/spread-3e-3/train/ws2-849acacc.
-Needs only torch and detectron2-layers. Exit 1: the symptom shows; 0: it does not (fixed); 2: something else failed.
+What it runs: 2 processes (gloo, CPU), two training forwards of NaiveSyncBatchNorm(8, stats_mode="")
+(float32, 3 samples of 4 x 3 per rank) beside torch.nn.BatchNorm2d on the whole batch (float64).
+Expected: num_batches_tracked 2 on every rank. Severity: silent wrong buffer; reach: what reads it
+(checkpoints).
+
+The symptom: num_batches_tracked is still 0 on some rank after the steps while BatchNorm2d's is 2. It
+agrees when it equals BatchNorm2d's on every rank.
+
+Upstream: none found (query "NaiveSyncBatchNorm num_batches_tracked"). Needs only torch and
+detectron2-layers. Exit codes: 1 the symptom above shows; 0 every rank agrees with BatchNorm as stated;
+2 anything else (reason printed). With detectron2-layers 0.0.5 on torch 2.13.0 it exits 1 on CPU.
 """
 import datetime
-import math
+import queue
+import signal
 import socket
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from detectron2_layers.batch_norm import NaiveSyncBatchNorm
+try:
+    from detectron2_layers.batch_norm import NaiveSyncBatchNorm  # detectron2/layers/batch_norm.py's class
+except ImportError as exc:  # reported by main, exit 2
+    NaiveSyncBatchNorm, IMPORT_ERROR = None, f"{type(exc).__name__}: {exc}"
+
+C, SIZES, HW, STEPS = 8, (3, 3), (4, 3), 2  # channels; samples per rank; spatial size; training forwards
+TIMEOUT_S, DEVICE = 45, "cpu"  # the whole run (the process group's own timeout is half of it); the device
 
 
-def SyncBatchNorm(num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
-                  process_group=None):
-    assert process_group is None, 'NaiveSyncBatchNorm reduces over the default group'
-    return NaiveSyncBatchNorm(num_features, eps=eps, momentum=momentum, affine=affine,
-                              track_running_stats=track_running_stats, stats_mode='')
+def rank_main(rank, world):
+    """The layer on this rank's parts, BatchNorm2d on the whole batches: the two counters."""
+    g = torch.Generator().manual_seed(0)
+    start, n = sum(SIZES[:rank]), SIZES[rank]
+    layer, bn = NaiveSyncBatchNorm(C, stats_mode="").train(), torch.nn.BatchNorm2d(C).double().train()
+    for _ in range(STEPS):
+        x = torch.randn(sum(SIZES), C, *HW, generator=g, dtype=torch.float64)
+        layer(x[start:start + n].float()), bn(x)
+    return dict(got=int(layer.num_batches_tracked), want=int(bn.num_batches_tracked))
 
 
-C, SPATIAL = 1, [(1, 1), (1, 1)]  # channels; each rank's spatial size
-STEP_SIZES = [[1, 1]]  # each step's batch size per rank
-STEPS = ['train']  # train, eval: forward and backward; nograd: training forward, no_grad
-DTYPE, PARAM_DTYPE = torch.float32, torch.float32  # input; parameters and buffers
-LAYER = dict(eps=1e-05, momentum=0.1, affine=True, track_running_stats=True)
-INPUT_MEAN, INPUT_SCALE, CONSTANT_CHANNELS = 0.0, 0.003, []
-SEED = 0
-SYMPTOM, QUANTITY, ERROR_TYPE = 'mismatch', 'num_batches_tracked', None  # what shows the defect
-# Tolerance: 16 unit roundoffs of the quantity's dtype, plus 16 of the accumulation type (float32;
-# float64 for float64 input) x log2(values per channel) x the input's max|x| / sqrt(var + eps)
-U_Q, U_ACC = 5.960464477539063e-08, 5.960464477539063e-08
-BN = torch.nn.BatchNorm2d
-DEVICE = "cpu"
-BACKEND = "gloo"
+def judge(got):
+    """(exit code, verdict line) from every rank's result."""
+    if failures(got, len(SIZES)):
+        return 2, f"OTHER: {failures(got, len(SIZES))}"
+    res = [got[r][1] for r in range(len(SIZES))]
+    facts = "; ".join(f"rank {r}: num_batches_tracked {v['got']} (BatchNorm2d's {v['want']})"
+                      for r, v in enumerate(res))
+    if any(v["got"] == 0 and v["want"] == STEPS for v in res):
+        return 1, f"SYMPTOM SHOWS (mismatch): num_batches_tracked stays 0 after {STEPS} training steps: {facts}"
+    if all(v["got"] == v["want"] == STEPS for v in res):
+        return 0, f"no symptom (pass): counts training steps as torch.nn.BatchNorm2d does: {facts}"
+    return 2, f"OTHER: neither 0 nor BatchNorm2d's count: {facts}"
 
 
-def data():
-    """The parameters and each step's per-rank (input, upstream gradient), drawn in float64 from SEED."""
-    g = torch.Generator().manual_seed(SEED)
-    f64 = dict(dtype=torch.float64, generator=g)
-    off, scale = torch.randn(C, **f64), torch.rand(C, **f64) * 1.5 + 0.5
-    sign = torch.where(torch.rand(C, generator=g) < 0.3, -1.0, 1.0).double()
-    params = dict(weight=sign * (torch.rand(C, **f64) * 1.5 + 0.25), bias=torch.randn(C, **f64) * 0.5,
-                  running_mean=torch.randn(C, **f64) * 0.1, running_var=torch.rand(C, **f64) * 0.5 + 0.75)
-    steps = []
-    for sizes in STEP_SIZES:
-        steps.append([])
-        for n, sp in zip(sizes, SPATIAL):
-            shape, b = (n, C, *sp), (1, C) + (1,) * len(sp)
-            x = torch.randn(shape, **f64) * scale.view(b) + off.view(b)
-            x = x * INPUT_SCALE + INPUT_MEAN
-            for c in CONSTANT_CHANNELS:
-                x[:, c] = INPUT_MEAN + INPUT_SCALE * off[c]
-            steps[-1].append((x.to(DTYPE).double(), torch.randn(shape, **f64).to(DTYPE).double()))
-    return {k: v.to(PARAM_DTYPE) for k, v in params.items()}, steps
+def failures(got, world):
+    """What went wrong outside the layer's results (an exception, a death, the time limit), or "" if nothing."""
+    parts = [f"rank {r}: {kind} {what}" for r, (kind, what) in sorted(got.items()) if kind != "value"]
+    missing = sorted(set(range(world)) - set(got))
+    if missing:
+        parts.append(f"rank(s) {missing} still running after {TIMEOUT_S} s (killed)")
+    return "; ".join(parts)
 
 
-def tolerance(x):  # normwise, relative; x: the whole batch, whose max|x| / sqrt(var + eps) is its conditioning
-    dims, k, x = [0, *range(2, x.dim())], x.numel() // C, x.detach()
-    cond = float((x.abs().amax(dims) / (x.var(dims, correction=0) + LAYER["eps"]).sqrt()).max()) if k else 1.0
-    return 16 * U_Q + 16 * U_ACC * max(math.log2(max(k, 1)), 1) * cond
+def _rank(fn, rank, world, port, results):
+    """One process: join the group, run fn, put (rank, ("value", v) or ("raised", what)) on the queue."""
+    try:
+        backend = "gloo"
+        if DEVICE == "cuda":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+            backend = "nccl" if torch.cuda.device_count() >= world else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=TIMEOUT_S // 2))
+        out = ("value", fn(rank, world))
+    except Exception as exc:  # reported to the parent, which judges it
+        out = ("raised", f"{type(exc).__name__}: {exc}")
+    results.put((rank, out))
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
-def observe(module, y, grad, group=False):  # QUANTITY after a step
-    return module.num_batches_tracked.double()
-
-
-def check(rank, s, kind, got, want, tol):
-    """Compare one step's QUANTITY with BatchNorm's; print expected against actual; True if they agree."""
-    got, want = got.detach().double().cpu().flatten(), want.detach().flatten()
-    if want.numel() == 0:
-        return True  # this rank's part of the batch is empty
-    i = int((got - want).abs().nan_to_num(math.inf).argmax())
-    rel = float((got - want).abs().max() / want.abs().max().clamp_min(1e-300))
-    print(f"rank {rank} step {s} ({kind}) {QUANTITY}: expected {float(want[i]):.6g}, actual {float(got[i]):.6g} "
-          f"(element {i}); max rel err {rel:.3g} {'<=' if rel <= tol else '>'} tol {tol:.3g}\n", end="")
-    return rel <= tol
-
-
-def rank_main(rank, port):
-    """The layer on this rank's part of each step's batch, beside BatchNorm on the whole batch."""
-    dist.init_process_group(BACKEND, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=len(SPATIAL),
-                            timeout=datetime.timedelta(seconds=60))
-    members, group = list(range(len(SPATIAL))), None
-    params, steps = data()
-    layer = SyncBatchNorm(C, **LAYER, process_group=group).to(DEVICE, PARAM_DTYPE)
-    bn = BN(C, **LAYER).double()  # the expectation: float64, over the whole batch of the group
-    layer.load_state_dict(params, strict=False)
-    bn.load_state_dict({k: v.double() for k, v in params.items()}, strict=False)
-    agrees = True
-    for s, (kind, sizes, row) in enumerate(zip(STEPS, STEP_SIZES, steps)):
-        train = kind in ("train", "nograd")
-        layer.train(train), bn.train(train)
-        together = members
-        xs = torch.cat([row[r][0] for r in together]).requires_grad_()
-        x = row[rank][0].to(DEVICE, DTYPE).requires_grad_()
-        ys, y = bn(xs), layer(x)
-        ys.backward(torch.cat([row[r][1] for r in together])), y.backward(row[rank][1].to(DEVICE, DTYPE))
-        start = sum(sizes[r] for r in together if r < rank)
-        part = slice(start, start + sizes[rank])
-        want = observe(bn, ys[part], None if xs.grad is None else xs.grad[part])
-        agrees &= check(rank, s, kind, observe(layer, y, x.grad, group), want, tolerance(xs))
-        layer.zero_grad(set_to_none=True), bn.zero_grad(set_to_none=True)
-    dist.destroy_process_group()
-    sys.exit(0 if agrees else 1)
-
-
-def main():
-    """Spawn the ranks; exit 1 if the SYMPTOM shows, 0 if every rank agrees with BatchNorm, 2 otherwise."""
+def run_ranks(fn, world):
+    """fn(rank, world) in `world` processes: {rank: ("value", v) | ("raised", what) | ("died", how)}. Every wait
+    is bounded by TIMEOUT_S; a process still running then is killed (its rank is missing); all are reaped."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(fn, r, world, port, results)) for r in range(world)]
+    for p in procs:
+        p.start()
+    got, deadline = {}, time.monotonic() + TIMEOUT_S
     try:
-        mp.spawn(rank_main, (port,), nprocs=len(SPATIAL))
-        seen, what = "pass", "every rank agrees with torch.nn.BatchNorm over the whole batch"
-    except mp.ProcessRaisedException as e:  # a rank raised (a collective times out after 60 s): the traceback
-        seen, what = ("hang" if "imed out" in str(e) else "error" if f"\n{ERROR_TYPE}: " in str(e) else "other"), e
-    except mp.ProcessExitedException as e:  # a rank found a disagreement (exit 1) or died
-        seen, what = ("crash" if e.signal_name else "mismatch" if e.exit_code == 1 else "other"), e
-    print(f"{'SYMPTOM SHOWS' if seen == SYMPTOM else 'no symptom' if seen == 'pass' else 'OTHER'} ({seen}): {what}")
-    return 1 if seen == SYMPTOM else 0 if seen == "pass" else 2
+        while len(got) < world and time.monotonic() < deadline:
+            try:
+                rank, out = results.get(timeout=0.5)
+                got[rank] = out
+            except queue.Empty:
+                ended = [r for r, p in enumerate(procs) if r not in got and p.exitcode is not None]
+                if ended:  # a result put just before the exit is read first
+                    time.sleep(0.5)
+                    while True:
+                        try:
+                            rank, out = results.get(timeout=0.1)
+                            got[rank] = out
+                        except queue.Empty:
+                            break
+                    for r in ended:
+                        code = procs[r].exitcode
+                        how = f"exit code {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
+                        got.setdefault(r, ("died", how))
+    finally:
+        for p in procs:
+            p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        results.close()
+    return got
+
+
+def main():
+    if NaiveSyncBatchNorm is None:
+        print(f"OTHER: needs detectron2-layers ({IMPORT_ERROR})")
+        return 2
+    code, line = judge(run_ranks(rank_main, len(SIZES)))
+    print(line)
+    return code
 
 
 if __name__ == "__main__":
