@@ -37,7 +37,8 @@ def gpu_evidence(packed, into, calls, check_pages, refresh_pages):
         written = evidence.file_run(Path(packed), Path(into), list(calls))
         click.echo(f"filed {len(written)} files into {into}")
         runs = root / "docs" / "findings" / "runs.toml"
-        if runs.is_file():  # in the harness's own repository: the repro verdicts become runs of record
+        if runs.is_file() and Path(into).resolve().is_relative_to(root.resolve()):
+            # filed into the harness's own repository: the repro verdicts become runs of record
             n = evidence.record_repro_runs(Path(into), runs, root)
             click.echo(f"recorded {n} repro runs in {runs.relative_to(root)}")
     for page in refresh_pages:

@@ -2,10 +2,10 @@
 
 Design: each adapter runs one or two real multi-process cases (gloo on CPU,
 through the engine, as ``run`` does) where its package imports, and skips
-saying why where it does not: CI installs none of them (timm needs a
-torchvision built for the installed torch, and a CUDA build of torch 2.14.1 is
-5.5 GB; detectron2-layers, mmengine and lightning are heavier than the tests
-should carry). What needs no package runs everywhere: registration, opt-in,
+saying why where it does not: CI installs detectron2-layers and lightning
+(the test extras, for the findings files), not timm (it needs a torchvision
+built for the installed torch, and a CUDA build of torch 2.14.1 is 5.5 GB)
+nor mmengine (heavier than the tests should carry). What needs no package runs everywhere: registration, opt-in,
 the install hint when a package is missing (made missing for real, by a
 ``None`` entry in ``sys.modules``, which makes its import raise), and the
 reasons each adapter declares cases unsupported. The expected statuses are
