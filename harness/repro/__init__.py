@@ -80,6 +80,8 @@ class Written:
                 return "shows the symptom standalone (exit 1)"
             return (f"exits 1 without its {SHOWN!r} line: it broke before judging (an uncaught error?): "
                     f"{self.output.strip()[-300:]}")
+        if self.exit_code == 2 and "needs a GPU" in self.output:
+            return "needs a GPU (exit 2 here, where there is none)"
         if self.exit_code == 0:
             return ("does NOT show it standalone (exit 0): the failure stays within the short form's "
                     "tolerance (see the file), or depends on something the short form leaves out; try --long")
@@ -131,13 +133,15 @@ def seen_line(record, case: Case) -> str:
 
 
 def write_short(case: Case, impl_name: str, record: Record, path: Path, *, verify: bool = True,
-                timeout: float = 600.0, title: str = "") -> Written:
-    """Write the short form of ``record``'s failure of ``case`` to ``path`` (and run it once when ``verify``)."""
+                timeout: float = 600.0, title: str = "", cpu_demo: bool = False) -> Written:
+    """Write the short form of ``record``'s failure of ``case`` to ``path`` (and run it once when ``verify``);
+    ``cpu_demo``: torch's CPU demonstration over stand-ins for its CUDA ops instead (:mod:`harness.repro.short`)."""
     from harness.impls.registry import resolve
 
     adapter = resolve(impl_name)
     _check_expressible(case, adapter)
-    return _write_short(case, adapter, record, path, verify=verify, timeout=timeout, title=title)
+    return _write_short(case, adapter, record, path, verify=verify, timeout=timeout, title=title,
+                        cpu_demo=cpu_demo)
 
 
 def _check_expressible(case: Case, adapter: Impl) -> None:
@@ -147,7 +151,7 @@ def _check_expressible(case: Case, adapter: Impl) -> None:
 
 
 def _write_short(case: Case, adapter: Impl, record: Record, path: Path, *, verify: bool, timeout: float = 600.0,
-                 title: str = "") -> Written:
+                 title: str = "", cpu_demo: bool = False) -> Written:
     """:func:`write_short` for an adapter the short form can express."""
     if record.status not in FAILURES:
         raise UsageError(f"{case.id} is {record.status.value} for {adapter.key} here: there is no failure to "
@@ -157,8 +161,11 @@ def _write_short(case: Case, adapter: Impl, record: Record, path: Path, *, verif
     except NoSymptom as exc:
         raise UsageError(f"{case.id}: {exc}") from None
     target = short.Target.of(adapter)
-    if record.device == "cuda":
-        # Seen on a GPU: the file runs there only, without the CPU stand-ins a cpu-emulation finding carries.
+    if cpu_demo and not target.on_cuda:
+        raise UsageError(f"--cpu-demo is for torch's layer, whose ops have CUDA kernels only; {adapter.key}'s file "
+                         + ("needs a GPU whatever stands in" if target.cuda_only else "runs on CPU as it is"))
+    if not cpu_demo:
+        # The evidence: on CUDA only, without the CPU stand-ins (never evidence of CUDA's behaviour).
         target = target.gpu_only()
     path.write_text(short.source(case, target, symptom, seen=seen_line(record, case), title=title))
     path.chmod(0o755)
@@ -175,7 +182,7 @@ def _write_short(case: Case, adapter: Impl, record: Record, path: Path, *, verif
 
 def write_repro(case_id: str, impl_name: str, *, output: Optional[str] = None, device: Optional[str] = None,
                 run_first: bool = True, timeout: float = 300.0, command: str = "", long: bool = False,
-                verify: bool = True) -> Written:
+                verify: bool = True, cpu_demo: bool = False) -> Written:
     """Write the repro of ``case_id`` for ``impl_name`` (short form unless ``long``); the name is resolved once,
     and the adapter (or how the long file loads it) is passed down."""
     from harness.selection import default_device
@@ -192,12 +199,14 @@ def write_repro(case_id: str, impl_name: str, *, output: Optional[str] = None, d
             raise UsageError("the short form reproduces the failure the harness observes, so it runs the case "
                              "first: drop --no-run, or write the generated form with --long")
         record = observe(case, impl_name, device or default_device(), timeout)
-        return _write_short(case, adapter, record, path, verify=verify)
+        return _write_short(case, adapter, record, path, verify=verify, cpu_demo=cpu_demo)
+    if cpu_demo:
+        raise UsageError("--cpu-demo writes the short form's CPU demonstration: drop --long")
     loading = resolve_impl(impl_name)
     if loading.kind is Kind.TORCH and device == "cpu":
         raise UsageError("--impl torch --device cpu cannot be standalone in the long form: torch.nn.SyncBatchNorm "
-                         "refuses CPU input; use --device cuda (the default for torch), or the short form, which "
-                         "carries CPU stand-ins for torch's CUDA ops")
+                         "refuses CPU input; use --device cuda (the default for torch), or the short form with "
+                         "--cpu-demo, a CPU demonstration over stand-ins for torch's CUDA ops")
     file_device = loading.file_device(device, default_device())
     record = None
     if run_first:

@@ -22,12 +22,14 @@ that stays inside it (an error of a few units in the last place) is not shown
 by the short form, and :func:`verify` says so.
 
 torch's ``torch.nn.SyncBatchNorm`` refuses CPU tensors, and its five
-``batch_norm_*`` ops have CUDA kernels only. Without a GPU the file registers
-plain-torch stand-ins for them (:data:`harness.repro.short_text.CPU_STAND_INS`,
-statistics in float32 as CUDA keeps them) and says plainly that it does: a
-symptom shown that way lives in torch's Python code (or in the stand-ins), and
-the same file run on a GPU confirms it. A symptom the harness saw on CUDA gets
-a file for CUDA only (:meth:`Target.gpu_only`): no stand-ins, a GPU required.
+``batch_norm_*`` ops have CUDA kernels only: torch's file runs on CUDA only
+(:meth:`Target.gpu_only`) and, without a GPU, says it needs one and exits 2.
+Stand-ins for CUDA's kernels are never evidence of what CUDA does. A CPU
+demonstration (``repro --cpu-demo``, ``demo=True``) is a separate file that
+says it is one in its first line: it registers plain-torch stand-ins for the
+five ops (:data:`harness.repro.short_text.CPU_STAND_INS`, statistics in
+float32 as CUDA keeps them), so a symptom shown that way lives in torch's
+Python code or in the stand-ins.
 
 :func:`unexpressible` lists what the short form cannot state (a case that
 converts a model, compiles, uses torch's non-gloo path, views its input in no
@@ -63,7 +65,7 @@ class Target:
     name: str  # as the harness names it (``torch``, ``MODULE:ATTR``)
     library: str  # the top-level package a maintainer installs
     import_line: str
-    on_cuda: bool  # torch's layer: CUDA when there is one, else the CPU stand-ins
+    on_cuda: bool  # torch's layer: CUDA when there is one, else the CPU stand-ins (a demonstration only)
     cuda_only: bool = False  # kernels that exist on CUDA only (apex's optimized extension): the file needs a GPU
 
     def gpu_only(self) -> "Target":
@@ -115,7 +117,9 @@ def source(case: Case, target: Target, symptom: Symptom, *, seen: str, title: st
     """The text of the short file for ``case`` run with ``target``, checking ``symptom``.
 
     ``seen``: one line naming the builds the symptom was observed on (and whether on CUDA or only in
-    cpu-emulation); ``title``: the first docstring line (default: the symptom in words).
+    cpu-emulation); ``title``: the first docstring line (default: the symptom in words). A ``target`` on CUDA
+    with CPU stand-ins (``on_cuda``) gives the CPU demonstration, which says so; :meth:`Target.gpu_only` the
+    file that is evidence.
     """
     if symptom.status is Status.MISMATCH and symptom.step is not None:
         # The steps after the first one that shows the symptom change nothing about it.

@@ -60,6 +60,7 @@ class ShortFile:
     symptom: Symptom
     cuda: bool  # the layer runs on CUDA where there is a GPU
     stand_ins: bool  # without one, over the CPU stand-ins for torch's CUDA ops (False with cuda: a GPU is needed)
+    # (only in a CPU demonstration, which says it is one: stand-ins are never evidence of what CUDA does)
 
     @property
     def hostile(self) -> bool:
@@ -125,14 +126,19 @@ class ShortFile:
         needs = "torch" if self.library == "torch" else f"torch and {self.library}"
         if cuda and not stand_ins:
             needs = f"{needs} and a GPU ({self.library}'s kernels here are CUDA kernels)"
-        doc = [f'"""{self.title.rstrip(".")}.', "", self.story, "",
+        title = self.title.rstrip(".")
+        if cuda and stand_ins:
+            title = f"CPU demonstration, not evidence of CUDA's behaviour: {title}"
+        doc = [f'"""{title}.', "", self.story, "",
                *textwrap.wrap(f"Seen: {self.seen.rstrip('.')}.", 100, break_on_hyphens=False,
                               break_long_words=False),
                *textwrap.wrap(f"Needs only {needs}. Exit 1: the symptom shows; 0: it does not (fixed); 2: something "
                               "else failed.", 100, break_on_hyphens=False)]
         if cuda and stand_ins:
-            doc += ["Without a GPU, torch's SyncBatchNorm runs over plain-torch CPU stand-ins for its five CUDA ops",
-                    "(stand_in_cuda_ops below): a symptom seen that way lives in torch's Python code."]
+            doc += ["", "A CPU demonstration: without a GPU, torch's SyncBatchNorm runs here over plain-torch CPU",
+                    "stand-ins for its five CUDA ops (stand_in_cuda_ops below). A symptom seen that way lives in",
+                    "torch's Python code or in the stand-ins, never in CUDA's kernels: the evidence is the file",
+                    "`syncbn-harness repro` writes without --cpu-demo, run on a GPU."]
         return doc
 
     def render(self) -> str:

@@ -8,10 +8,13 @@ by each search::
                     shrink, the repro command and file
     findings.json   the same as data (SearchResult.to_dict)
     repro-<n>.py    the standalone reproduction of finding n's minimal case (new findings only)
+    repro-<n>-cpu-demo.py  for torch's layer searched on CPU: the same over CPU stand-ins for torch's CUDA
+                    ops, labelled a demonstration (repro-<n>.py, the evidence, needs a GPU)
 
 The repro files are written from the minimal case's parameters (it need not
 be in the catalog) in the short, issue-ready form, and run once: the finding
-says whether its file shows the symptom on its own. A minimal case the short
+says whether its file shows the symptom on its own, or needs a GPU (torch's
+layer: then the CPU demonstration's outcome is said beside it). A minimal case the short
 form cannot state gets the long form, with the reason. ``syncbn-harness repro
 <ID>`` writes the same file once the case is promoted (``search --save``).
 """
@@ -62,6 +65,10 @@ def write_repros(result: SearchResult, out: Path, device: str, command: str) -> 
         path = out / f"repro-{n}.py"
         try:
             f.repro_verdict = write_short(f.minimal, f.impl, f.record, path, title=f.title).verdict()
+            if device == "cpu" and f.repro_verdict.startswith("needs a GPU"):  # torch's layer
+                demo = out / f"repro-{n}-cpu-demo.py"
+                shown = write_short(f.minimal, f.impl, f.record, demo, title=f.title, cpu_demo=True).verdict()
+                f.repro_verdict += f"; its CPU demonstration over stand-ins, {demo.name}: {shown}"
         except UsageError as exc:  # the short form cannot state it: the generated form, with why
             try:
                 loading = resolve_impl(f.impl)

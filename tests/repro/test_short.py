@@ -105,7 +105,8 @@ def run_bare(python: str, path: Path, pythonpath: str = "") -> subprocess.Comple
 
 
 def assert_short_and_standalone(text: str) -> None:
-    assert len(text.splitlines()) <= 180  # torch's, with stand-ins for its five CUDA ops, is the longest (~177)
+    assert len(text.splitlines()) <= 185  # torch's demonstration, with stand-ins for its five CUDA ops, is the
+    # longest (~182)
     assert not re.search(r"^\s*(import|from)\s+harness\b", text, re.M)
     assert not re.search(r"(^|[^A-Za-z0-9_.])/(tmp|root|home|work)/", text), "a machine path in the file"
 
@@ -135,14 +136,26 @@ def test_short_repro_shows_the_defect_and_passes_once_fixed(impl, case, shows, p
 
 
 @pytest.mark.slow(18)
-def test_torch_empty_rank_half_crash_shows_standalone_on_cpu_stand_ins(bare_python, tmp_path):
-    """torch's own defect (an empty rank all_gathers a half row where the others send float32), through the
-    file's CPU stand-ins for torch's CUDA ops; the same layer with both ranks non-empty is the control."""
+def test_torch_file_needs_a_gpu_and_its_cpu_demonstration_says_what_it_is(bare_python, tmp_path):
+    """torch's own defect (an empty rank all_gathers a half row where the others send float32). The file that is
+    evidence runs on CUDA only: here, without a GPU, it says so and exits 2, with no stand-in in it. The CPU
+    demonstration is another file, labelled in its first line, that shows it through CPU stand-ins for torch's
+    CUDA ops; the same layer with both ranks non-empty is the control."""
+    evidence = tmp_path / "torch_empty_gpu.py"
+    proc = write("mixed-precision/empty-rank/float16-float32/ws2", "torch", evidence, "", "--device", "cpu")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "the file needs a GPU (exit 2 here, where there is none)" in proc.stdout, proc.stdout
+    text = evidence.read_text()
+    assert "stand_in" not in text and 'DEVICE = "cuda"\n' in text and "demonstration" not in text
+    gpu = run_bare(bare_python, evidence)
+    assert gpu.returncode == 2 and "OTHER: needs a GPU" in gpu.stdout, gpu.stdout + gpu.stderr
+
     path = tmp_path / "torch_empty.py"
-    proc = write("mixed-precision/empty-rank/float16-float32/ws2", "torch", path, "")
+    proc = write("mixed-precision/empty-rank/float16-float32/ws2", "torch", path, "", "--cpu-demo", "--no-verify")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = path.read_text()
     assert_short_and_standalone(text)
+    assert text.split("\n")[1].startswith('"""CPU demonstration, not evidence of CUDA\'s behaviour: ')
     assert "cpu-emulation, not yet confirmed on CUDA" in text
     assert "SyncBatchNorm = torch.nn.SyncBatchNorm" in text and "def stand_in_cuda_ops" in text
 

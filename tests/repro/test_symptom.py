@@ -76,7 +76,7 @@ def test_a_cuda_only_library_gets_a_file_that_needs_a_gpu_and_no_stand_ins():
     assert "and a GPU" in apex and "torch.cuda.set_device" in apex
     torch_file = source(case, Target("torch", "torch", "from torch.nn import SyncBatchNorm", on_cuda=True), crash,
                         seen="crash")
-    assert 'DEVICE = "cuda" if torch.cuda.is_available() else "cpu"' in torch_file
-    assert "def stand_in_cuda_ops" in torch_file
+    assert 'DEVICE = "cuda" if torch.cuda.is_available() else "cpu"' in torch_file  # the CPU demonstration
+    assert "def stand_in_cuda_ops" in torch_file and "CPU demonstration, not evidence" in torch_file
     cpu_file = source(case, Target("x", "x", "from x import SyncBatchNorm", on_cuda=False), crash, seen="crash")
     assert 'DEVICE = "cpu"' in cpu_file and "cuda" not in cpu_file.split("BACKEND =")[1].split("\n")[0]
