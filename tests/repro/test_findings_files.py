@@ -45,6 +45,7 @@ CLAIM = re.compile(r"\b(exits?|exited) ([0-2]) on (CPU|CUDA)\b")
 EVERY = re.compile(r"\b[Ee]very\s+([a-z0-9]+)\s+(?:repro\s+)?file\b")  # "Every fairscale file exits 1 on CPU"
 FILE = re.compile(r"\b([a-z0-9]+_[a-z0-9_]+\.py)\b")
 LIBRARIES = {"torch", "fairscale", "detectron2_layers", "lightning", "apex"}
+MAINTAINED = ("torch_", "lightning_")  # the files of maintained targets (docs/findings.md, "Who maintains what")
 VERDICT = {code: line for line, code in LINES.values()}  # exit status -> the verdict line's start
 TIMEOUT_S = 240
 
@@ -195,12 +196,15 @@ def test_each_findings_file_needs_only_torch_and_its_library():
         assert "/work/" not in text and "harness" not in libs, path.name
 
 
-def test_each_issue_body_embeds_committed_files_byte_for_byte():
+def test_each_issue_body_embeds_committed_files_byte_for_byte_and_every_maintained_file_has_one():
+    """Bodies are ready to paste: the code in them is the committed file. Every file about maintained code (torch,
+    Lightning: docs/findings.md's maintenance table) is in a body."""
     files = {p.name: p.read_text() for p in FINDINGS.glob("*.py")}
+    embedded = set()
     for body in sorted(FINDINGS.glob("*.md")):
-        blocks = re.findall(r"```python\n(.*?)```", body.read_text(), flags=re.S)
-        if not blocks:
-            continue
-        for code in blocks:
+        for code in re.findall(r"```python\n(.*?)```", body.read_text(), flags=re.S):
             same = [n for n, text in files.items() if text == code]
             assert same, f"{body.name}: an embedded file is not a committed findings file byte for byte"
+            embedded.update(same)
+    maintained = {n for n in files if n.startswith(MAINTAINED)}
+    assert maintained and not maintained - embedded, f"no issue body embeds {sorted(maintained - embedded)}"
