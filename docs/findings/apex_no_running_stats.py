@@ -5,6 +5,10 @@
 track_running_stats=False) on their parts of one batch (3, 4 samples of spatial size (4, 3); steps:
 train, eval) and compare the output with torch.nn.BatchNorm2d over the whole batch in float64.
 
+Every wait is bounded: the process group's timeout is 60 s, the whole run 120 s (10 s more for the other
+ranks once one has raised or died); ranks still running then are terminated, then killed, and all are reaped.
+A rank killed by a signal is a crash.
+
 Seen: error on torch 2.11.0+cu130 (optimized) with apex, cuda/gloo, syncbn-harness case
 module-config/no-running-stats/ws2.
 Needs only torch and apex and a GPU (apex's kernels here are CUDA kernels). Exit 1: the symptom
@@ -12,8 +16,11 @@ shows; 0: it does not (fixed); 2: something else failed.
 """
 import datetime
 import math
+import queue
+import signal
 import socket
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -34,8 +41,8 @@ SYMPTOM, QUANTITY, ERROR_TYPE = 'error', 'output', 'AttributeError'  # what show
 # float64 for float64 input) x log2(values per channel) x the input's max|x| / sqrt(var + eps)
 U_Q, U_ACC = 5.960464477539063e-08, 5.960464477539063e-08
 BN = torch.nn.BatchNorm2d
-DEVICE = "cuda"
-BACKEND = "nccl" if DEVICE == "cuda" and torch.cuda.device_count() >= len(SPATIAL) else "gloo"
+TIMEOUT_S, GRACE_S, DEVICE = 120, 10, "cuda"  # the whole run (the process group's timeout is half of it); the
+# time the other ranks get once one has raised or died; the device
 
 
 def data():
@@ -78,11 +85,9 @@ def check(rank, s, kind, got, want, tol):
     return rel <= tol
 
 
-def rank_main(rank, port):
-    """The layer on this rank's part of each step's batch, beside BatchNorm on the whole batch."""
-    torch.cuda.set_device(rank % torch.cuda.device_count())
-    dist.init_process_group(BACKEND, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=len(SPATIAL),
-                            timeout=datetime.timedelta(seconds=60))
+def rank_main(rank, world):
+    """The layer on this rank's part of each step's batch, beside BatchNorm on the whole batch: True if the
+    two agree at every step."""
     members, group = list(range(len(SPATIAL))), None
     params, steps = data()
     layer = SyncBatchNorm(C, **LAYER, process_group=group).to(DEVICE, PARAM_DTYPE)
@@ -103,8 +108,119 @@ def rank_main(rank, port):
         want = observe(bn, ys[part], None if xs.grad is None else xs.grad[part])
         agrees &= check(rank, s, kind, observe(layer, y, x.grad, group), want, tolerance(xs))
         layer.zero_grad(set_to_none=True), bn.zero_grad(set_to_none=True)
-    dist.destroy_process_group()
-    sys.exit(0 if agrees else 1)
+    return agrees
+
+
+def seen_on(kind, what):
+    """What one rank's outcome shows: pass, mismatch, error (ERROR_TYPE raised), hang (a collective timed out, or
+    still running at the time limit), crash (killed by a signal) or other."""
+    if kind == "value":
+        return "pass" if what else "mismatch"
+    if kind == "raised":
+        return "hang" if "imed out" in what else "error" if what.startswith(f"{ERROR_TYPE}: ") else "other"
+    if kind == "died":
+        return "crash" if what.startswith("signal ") else "other"
+    return "hang"  # stopped: still running at its deadline
+
+
+def judge(got):
+    """(exit code, verdict line): the SYMPTOM if any rank shows it, pass if every rank agrees, else OTHER."""
+    seen = {r: seen_on(*out) for r, out in sorted(got.items())}
+    kinds = set(seen.values())
+    if kinds == {"pass"}:
+        return 0, "no symptom (pass): every rank agrees with torch.nn.BatchNorm over the whole batch"
+    what = "; ".join(f"rank {r}: {s}" + ("" if got[r][0] == "value" else f" ({got[r][0]}: {one_line(got[r][1])})")
+                     for r, s in seen.items() if s != "pass")
+    if SYMPTOM in kinds:
+        return 1, f"SYMPTOM SHOWS ({SYMPTOM}): {what}"
+    first = next(k for k in ("crash", "error", "hang", "other", "mismatch") if k in kinds)
+    return 2, f"OTHER ({first}): {what}"
+
+
+def _rank(fn, rank, world, port, results):
+    """One process: join the group, run fn, put (rank, ("value", v) or ("raised", what)) on the queue."""
+    try:
+        backend = "gloo"
+        if DEVICE == "cuda":
+            torch.cuda.set_device(rank % torch.cuda.device_count())
+            backend = "nccl" if torch.cuda.device_count() >= world else "gloo"
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=TIMEOUT_S // 2))
+        out = ("value", fn(rank, world))
+    except Exception as exc:  # reported to the parent, which judges it
+        out = ("raised", f"{type(exc).__name__}: {exc}")
+    results.put((rank, out))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _signal_name(number):
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal number {number}"
+
+
+def run_ranks(fn, world):
+    """fn(rank, world) in `world` processes: {rank: ("value", v) | ("raised", what) | ("died", how) |
+    ("stopped", why)}. Every wait is bounded: the whole run by TIMEOUT_S, and once a rank has raised or died the
+    others get GRACE_S more to report theirs; a process still running at its deadline is terminated, then
+    killed ("stopped"); all are reaped. A rank killed by a signal died "signal <name>"."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(fn, r, world, port, results)) for r in range(world)]
+    got, deadline, why, stopped = {}, time.monotonic() + TIMEOUT_S, f"still running after {TIMEOUT_S} s", {}
+    try:
+        for p in procs:
+            p.start()
+        while len(got) < world and time.monotonic() < deadline:
+            try:
+                rank, out = results.get(timeout=0.5)
+                got[rank] = out
+            except queue.Empty:
+                ended = [r for r, p in enumerate(procs) if r not in got and p.exitcode is not None]
+                if ended:  # a result put just before the exit is read first
+                    time.sleep(0.5)
+                    while True:
+                        try:
+                            rank, out = results.get(timeout=0.1)
+                            got[rank] = out
+                        except queue.Empty:
+                            break
+                    for r in ended:
+                        code = procs[r].exitcode
+                        how = f"exit code {code}" if code >= 0 else f"signal {_signal_name(-code)}"
+                        got.setdefault(r, ("died", how))
+            failed = [r for r, (kind, _) in got.items() if kind != "value"]
+            if failed and time.monotonic() + GRACE_S < deadline:
+                deadline = time.monotonic() + GRACE_S
+                why = f"still running {GRACE_S} s after rank {failed[0]} failed"
+    finally:
+        for r, p in enumerate(procs):
+            if p.pid is None:  # never started
+                continue
+            p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+                stopped[r] = "terminated"
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+                stopped[r] = "killed" if not p.is_alive() else "still alive after SIGKILL"
+        results.close()
+    for r in range(world):
+        got.setdefault(r, ("stopped", f"{why} ({stopped.get(r, 'ended by itself at the deadline')})"))
+    return got
+
+
+def one_line(text, limit=400):
+    """A rank's report on one line (the verdict is one line), in ASCII, cut at `limit` characters."""
+    text = " ".join(str(text).split()).encode("ascii", "backslashreplace").decode("ascii")
+    return text if len(text) <= limit else text[:limit] + " ..."
 
 
 def main():
@@ -118,19 +234,15 @@ def main():
     if SyncBatchNorm.__module__ != "apex.parallel.optimized_sync_batchnorm":
         print(f"OTHER: needs apex built with its syncbn CUDA extension (got {SyncBatchNorm.__module__})")
         return 2
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    try:
-        mp.spawn(rank_main, (port,), nprocs=len(SPATIAL))
-        seen, what = "pass", "every rank agrees with torch.nn.BatchNorm over the whole batch"
-    except mp.ProcessRaisedException as e:  # a rank raised (a collective times out after 60 s): the traceback
-        seen, what = ("hang" if "imed out" in str(e) else "error" if f"\n{ERROR_TYPE}: " in str(e) else "other"), e
-    except mp.ProcessExitedException as e:  # a rank found a disagreement (exit 1) or died
-        seen, what = ("crash" if e.signal_name else "mismatch" if e.exit_code == 1 else "other"), e
-    print(f"{'SYMPTOM SHOWS' if seen == SYMPTOM else 'no symptom' if seen == 'pass' else 'OTHER'} ({seen}): {what}")
-    return 1 if seen == SYMPTOM else 0 if seen == "pass" else 2
+    code, line = judge(run_ranks(rank_main, len(SPATIAL)))
+    print(line)
+    return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        CODE = main()
+    except Exception as exc:  # the run itself failed: not the symptom
+        print(f"OTHER: {one_line(f'{type(exc).__name__}: {exc}')}")
+        CODE = 2
+    sys.exit(CODE)
