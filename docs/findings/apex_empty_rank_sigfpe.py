@@ -7,7 +7,7 @@ and compare the output with torch.nn.BatchNorm2d over the whole batch in float64
 
 Every wait is bounded: the process group's timeout is 60 s, the whole run 120 s (10 s more for the other
 ranks once one has raised or died); ranks still running then are terminated, then killed, and all are reaped.
-A rank killed by a signal is a crash.
+A rank killed by SIGFPE is the crash this file is about; any other signal is OTHER (exit 2).
 
 Seen: crash on torch 2.11.0+cu130 (optimized) with apex, cuda/gloo, syncbn-harness case
 allgather-shape/empty-0-5/float16-float32/contiguous/ws2.
@@ -117,13 +117,13 @@ def rank_main(rank, world):
 
 def seen_on(kind, what):
     """What one rank's outcome shows: pass, mismatch, error (ERROR_TYPE raised), hang (a collective timed out, or
-    still running at the time limit), crash (killed by a signal) or other."""
+    still running at the time limit), crash (killed by SIGFPE) or other."""
     if kind == "value":
         return "pass" if what else "mismatch"
     if kind == "raised":
         return "hang" if "imed out" in what else "error" if what.startswith(f"{ERROR_TYPE}: ") else "other"
     if kind == "died":
-        return "crash" if what.startswith("signal ") else "other"
+        return "crash" if what == "signal SIGFPE" else "other"  # the division by zero this file is about
     return "hang"  # stopped: still running at its deadline
 
 
