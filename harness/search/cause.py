@@ -174,10 +174,10 @@ def condition(case: Case) -> frozenset[str]:
         out.add("constant channels")
     if case.backend:
         out.add(case.backend)
-    if case.scenario != "layer":  # a training system: its scenario, use, network, DDP, compile and options
-        out.add(f"{case.scenario} scenario")
-        out.update(f"{what} {v}" for what, v in (("use", case.use), ("network", case.model),
-                                                 ("optimizer", case.optimizer)) if v)
+    if case.scenario != "layer":  # a training system: its use, DDP, compile and options (the network and the
+        # optimizer are choices, not traits: a shrink may move between them)
+        if case.use:
+            out.add(f"use {case.use}")
         out.update(f"ddp {d}" for d in case.ddp)
         out.update(f"compile {c}" for c in case.compile)
         out.update(f"option {o}" for o in case.options)
