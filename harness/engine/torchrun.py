@@ -10,7 +10,9 @@ torchrun's environment (``env://``), whatever rendezvous it used. The
 harness's own messages go through the job's key-value store
 (:mod:`harness.engine.torchrun_protocol`), never through the process group.
 
-The writer (rank 0, or the lowest live rank when rank 0 is dead) gathers
+The ranks start each case together (a barrier in the store), so that a peer
+that fails early in a case always finds it in flight on every rank. The
+writer (rank 0, or the lowest live rank when rank 0 is dead) gathers
 every rank's result and writes the record. When a case fails in a way that
 leaves a rank stuck (an exception on one rank while its peers wait in a
 collective, a crash, a hang past ``--timeout``, or torchrun's SIGTERM after a
@@ -137,6 +139,10 @@ class Job:
                 begin_task()  # the last case's collectives must not be posted as this one's (see _watchdog)
                 with self._lock:
                     self._case = c
+                # Every rank starts the case together: a peer that dies early in it then always finds the case
+                # in flight here, and its record is written (torchrun's SIGTERM between cases has nothing to
+                # report; a rank slower to get here than its peer to crash once lost the record).
+                exchange(self.store, f"start/{seq}", self.rank, self.world, "1", self.opts.timeout + 60)
                 result = run_task(ctx, admission.task_for(case, impl, self.opts))
                 c.set("result", self.rank, json.dumps(result.to_dict()))
                 c.returned = time.monotonic()
