@@ -66,19 +66,13 @@ def failures(got, world):
     """What went wrong outside the layer's results (an exception, a death, the time limit), or "" if nothing."""
     parts = [f"rank {r}: {kind} {what}" for r, (kind, what) in sorted(got.items()) if kind != "value"]
     missing = sorted(set(range(world)) - set(got))
-    if missing:
-        parts.append(f"rank(s) {missing} still running after {TIMEOUT_S} s (killed)")
-    return "; ".join(parts)
+    return "; ".join(parts + [f"rank(s) {missing} still running after {TIMEOUT_S} s (killed)"] * bool(missing))
 
 
 def _rank(fn, rank, world, port, results):
     """One process: join the group, run fn, put (rank, ("value", v) or ("raised", what)) on the queue."""
     try:
-        backend = "gloo"
-        if DEVICE == "cuda":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
-            backend = "nccl" if torch.cuda.device_count() >= world else "gloo"
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=TIMEOUT_S // 2))
         out = ("value", fn(rank, world))
     except Exception as exc:  # reported to the parent, which judges it
@@ -99,36 +93,24 @@ def run_ranks(fn, world):
     procs = [ctx.Process(target=_rank, args=(fn, r, world, port, results)) for r in range(world)]
     for p in procs:
         p.start()
-    got, deadline = {}, time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + TIMEOUT_S
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    got = {}
     try:
-        while len(got) < world and time.monotonic() < deadline:
-            try:
-                rank, out = results.get(timeout=0.5)
-                got[rank] = out
-            except queue.Empty:
-                ended = [r for r, p in enumerate(procs) if r not in got and p.exitcode is not None]
-                if ended:  # a result put just before the exit is read first
-                    time.sleep(0.5)
-                    while True:
-                        try:
-                            rank, out = results.get(timeout=0.1)
-                            got[rank] = out
-                        except queue.Empty:
-                            break
-                    for r in ended:
-                        code = procs[r].exitcode
-                        how = f"exit code {code}" if code >= 0 else f"signal {signal.Signals(-code).name}"
-                        got.setdefault(r, ("died", how))
-    finally:
-        for p in procs:
-            p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
-        results.close()
+        while True:
+            rank, out = results.get(timeout=0.5)
+            got[rank] = out
+    except queue.Empty:
+        pass
+    for r, p in enumerate(procs):
+        if p.is_alive():  # past the time limit: its rank is missing
+            p.kill()
+            p.join(timeout=5)
+        elif r not in got:
+            code = p.exitcode
+            got[r] = ("died", f"exit code {code}" if code >= 0 else f"signal {signal.Signals(-code).name}")
+    results.close()
     return got
 
 
