@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.gpu_suite.repros import CANNOT, SHOWS, ABSENT, LINES, judge
+from harness.gpu_suite.repros import ABSENT, CANNOT, LINES, SHOWS, imported_modules, judge
 
 try:
     import tomllib
@@ -118,14 +118,8 @@ def sha256(path: Path) -> str:
 
 
 def _libraries(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text())
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names - set(sys.stdlib_module_names)
+    """The top-level modules ``path`` imports beyond the standard library, torch included when it does."""
+    return set(imported_modules(path)) | ({"torch"} if re.search(r"^import torch\b", path.read_text(), re.M) else set())
 
 
 CLAIMS = claims()
