@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEVELOPMENT = ROOT / "docs" / "development.md"
 README = ROOT / "README.md"
 # Top-level test files that check the whole tree rather than one module (docs/development.md says which).
-WHOLE_TREE = {"test_layout.py", "test_docs.py", "test_readme.py", "test_packaging.py", "test_bad_input.py"}
+WHOLE_TREE = {"test_layout.py", "test_docs.py", "test_readme.py", "test_packaging.py", "test_bad_input.py",
+              "test_coverage_doc.py"}
 ROW = re.compile(r"^\|\s*`([^`]+)`")
 
 
