@@ -39,7 +39,7 @@ from harness.paths import CACHE_FOLDERS, cache_root
 # of unpacked wheels is one entry (envs link in); an overlay is <binary>-<base>/<commit>; a bisection's
 # verdicts and stores are bisect/<what>/<entry>.
 DEPTHS = {"kernels": 1, "environments": 1, "overlays": 2, "compile": 1, "bisect": 2, "logs": 1, "torchrun": 1,
-          "indexes": 1, "uv": 0, "apex": 1}
+          "indexes": 1, "uv": 0, "apex": 1, "sources": 1}
 KINDS = {kind: (CACHE_FOLDERS[kind], depth) for kind, depth in DEPTHS.items()}
 LOCKED = ("kernels", "environments", "overlays", "apex")  # kinds whose maker holds <entry>.lock while making it
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.I)

@@ -73,7 +73,7 @@ def cache_root() -> Path:
 # :mod:`harness.cache` says how deep each kind's entries sit).
 CACHE_FOLDERS = {"kernels": "kernels", "environments": "envs", "overlays": "overlays", "compile": "inductor",
                  "bisect": "bisect", "logs": "logs", "torchrun": "torchrun", "indexes": "indexes", "uv": "uv",
-                 "apex": "apex"}
+                 "apex": "apex", "sources": "torch-sources"}
 
 
 def cache_folder(kind: str) -> Path:

@@ -42,6 +42,7 @@ LAYERS = [
     ("history",),                    # the selection across torch releases, its page
     ("bench",),                      # benchmarks: kernels, the pool, whole commands, the store
     ("gpu_suite",),                  # everything CUDA on a GPU machine, bounded and packed
+    ("undo",),                       # torch's SyncBN changes undone and its code mutated, judged by the cases
     ("commands",),                   # the command line
     ("__main__",),                   # ``python -m harness``
 ]
