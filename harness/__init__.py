@@ -21,6 +21,7 @@ The package, lowest layer first (a module imports only from layers below it; tes
 - :mod:`~harness.history`: the selection across torch releases, the known issues' ranges, its page;
 - :mod:`~harness.bench`: benchmarks, each a ratio against a baseline measured in the same run;
 - :mod:`~harness.gpu_suite`: everything CUDA on a GPU machine, bounded and packed;
+- :mod:`~harness.undo`: torch's own SyncBatchNorm fixes undone, and its code mutated, judged by the cases;
 - :mod:`~harness.commands`: the command line (``python -m harness``: ``__main__``).
 """
 

@@ -29,7 +29,8 @@ The cache's folders (:data:`CACHE_FOLDERS`, kind -> folder): built kernels
 (``overlays/``), inductor's compiled code (``inductor/``), a bisection's
 verdicts and stores (``bisect/``), a failing case's rank logs (``logs/``),
 torchrun's job folders (``torchrun/``), the stores' indexes (``indexes/``),
-uv's cache of unpacked wheels (``uv/``) and apex builds (``apex/``).
+uv's cache of unpacked wheels (``uv/``), apex builds (``apex/``) and torch
+releases' SyncBatchNorm files for ``undo fixes`` (``torch-sources/``).
 
 Protocol: each function reads its variable when called (never at import),
 so a test or a child process that sets one sees it. (``.ci/gpu-suite.sh``

@@ -52,7 +52,9 @@ def undo():
 
 
 @undo.command("fixes")
-@click.option("--fix", "only", multiple=True, metavar="ID", help="Only these changes: pr<N>, or N (repeatable).")
+@click.option("--fix", "only", multiple=True, metavar="ID",
+              help="Only these changes (repeatable): an ID the dry run prints (pr98332, pr14267-2, 2.5.0-1), or a "
+                   "pull request's number (all of its entries).")
 @click.option("--sources", type=click.Path(file_okay=False, exists=True), default=None,
               help="Read each release's files from here (<release>/torch/nn/modules/...) instead of its wheel.")
 @click.option("--fixes-file", type=click.Path(dir_okay=False, exists=True), default=None,
@@ -72,12 +74,12 @@ def fixes_command(only, sources, fixes_file, dry_run, show_diff, patterns, exhau
 
     forkserver.prewarm(dynamo=False)
     chosen = fixes_mod.load(fixes_file)
-    wanted = {o if o.startswith("pr") or ":" in o else f"pr{o}" for o in only}
-    unknown = wanted - {f.id for f in chosen}
+    wanted = {f"pr{o}" if o.isdigit() else o for o in only}
+    unknown = {w for w in wanted if not any(f.id == w or f.id.startswith(w + "-") for f in chosen)}
     if unknown:
         raise UsageError(f"--fix {', '.join(sorted(unknown))}: no such change; the changes are "
                          f"{', '.join(f.id for f in chosen)}")
-    run = [f for f in chosen if not wanted or f.id in wanted]
+    run = [f for f in chosen if not wanted or any(f.id == w or f.id.startswith(w + "-") for w in wanted)]
     if dry_run:
         for fix in run:
             text, how = fixes_mod.undone(fix, installed_text(fix.file), Path(sources) if sources else None)

@@ -24,7 +24,7 @@ first, then edits), or the reason it cannot be undone on this build.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -60,11 +60,7 @@ class Fix:
     uncatchable: str = ""
     note: str = ""
     extra: dict = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def id(self) -> str:
-        """A name for the change: ``pr<N>`` (with the release when one pull request made several entries)."""
-        return f"pr{self.pr}" if self.pr else f"{self.release}:{self.markers[0] if self.markers else '?'}"
+    id: str = ""  # set by load(): see :func:`_ids`
 
 
 def default_file() -> Path:
@@ -100,17 +96,34 @@ def load(path: Optional[Path] = None) -> list[Fix]:
                        markers=tuple(raw["markers"]), behaviour=raw["behaviour"], issue=raw.get("issue", ""),
                        edits=edits, cases=tuple(raw.get("cases", ())), uncatchable=raw.get("uncatchable", ""),
                        note=raw.get("note", ""), extra={k: v for k, v in raw.items() if k not in known}))
+    return _ids(out)
+
+
+def _ids(entries: list[Fix]) -> list[Fix]:
+    """Each entry named once: ``pr<N>``; ``pr<N>-<k>`` where a pull request made several entries (k in file
+    order); ``<release>-<k>`` for entries with no pull request."""
+    count: dict[str, int] = {}
+    for f in entries:
+        base = f"pr{f.pr}" if f.pr else f.release
+        count[base] = count.get(base, 0) + 1
+    seen: dict[str, int] = {}
+    out = []
+    for f in entries:
+        base = f"pr{f.pr}" if f.pr else f.release
+        seen[base] = seen.get(base, 0) + 1
+        ident = base if count[base] == 1 and f.pr else f"{base}-{seen[base]}"
+        out.append(replace(f, id=ident))
     return out
 
 
 def apply_edits(text: str, edits) -> Undone:
     """``text`` (canonical) with each ``[find, replace]`` done once; a ``find`` not there once is the reason."""
-    for find, replace in edits:
+    for find, by in edits:
         n = text.count(find)
         if n != 1:
             return Undone(None, 0, f"the edit's text {find!r} is {'not' if n == 0 else f'{n} times'} in the "
                                    f"installed file's canonical text")
-        text = text.replace(find, replace)
+        text = text.replace(find, by)
     return Undone(text, len(edits))
 
 

@@ -4,8 +4,9 @@
 (:mod:`harness.undo.outcomes`), the changes (:mod:`harness.undo.fixes`) and the
 survivors' explanations (``syncbn_mutants.toml``, :func:`survivors`), so the
 page says nothing the files do not. :func:`problems` lists what the sweep
-leaves unexplained: a change undone and not caught without a reason why it
-cannot be, a change that could not be undone, a surviving mutant without an
+leaves unexplained: a fix or feature (:data:`MUST_CATCH`; a refactor, a
+documentation or a performance change keeps behaviour by intent) undone and not
+caught, or not undone, without a reason why it cannot be, a surviving mutant without an
 entry, an entry for a mutant that is now killed or no longer exists.
 """
 
@@ -23,6 +24,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python < 3.11 only
     import tomli as tomllib
 
+MUST_CATCH = ("fix", "feature")  # the kinds whose undoing changes what a case sees
 COMMAND_FIXES = "syncbn-harness undo fixes --out docs/torch-fixes/fixes.json"
 COMMAND_MUTANTS = "syncbn-harness undo mutants --out docs/torch-fixes/mutants.json"
 COMMAND_PAGE = "syncbn-harness undo page"
@@ -62,14 +64,18 @@ def fix_verdict(fix, row: Optional[dict]) -> str:
     if row is None:
         return "not run yet"
     if row.get("undo_error"):
-        return f"not undone on {row['torch']}: {row['undo_error']}"
+        why = f"; {fix.uncatchable}" if fix.uncatchable else ""
+        return f"not undone on {row['torch']}: {row['undo_error']}{why}"
     if row.get("reason"):
         return f"caught: the copy does not load ({row['reason'][:80]})"
     if row.get("case"):
         symptom = (row.get("symptoms") or [row["status"]])[0]
         return f"caught by `{row['case']}` ({row['control']} -> {row['status']}: {symptom[:90]})"
-    why = f"; {fix.uncatchable}" if fix.uncatchable else ""
-    return f"**not caught** ({row['ran']} cases){why}"
+    if fix.uncatchable:
+        return f"not caught ({row['ran']} cases): {fix.uncatchable}"
+    if fix.kind not in MUST_CATCH:
+        return f"not caught ({row['ran']} cases): a {fix.kind} change, same behaviour by intent"
+    return f"**not caught** ({row['ran']} cases)"
 
 
 def outcome_class(row: Optional[dict]) -> str:
@@ -88,6 +94,8 @@ def problems(fixes: list, fix_rows: dict, mutant_rows: dict, explained: dict[str
         row = fix_rows.get(fix.id)
         if row is None:
             out.append(f"{fix.id}: not run")
+        elif fix.kind not in MUST_CATCH:
+            continue  # a refactor, a documentation or performance change: nothing a case should see
         elif row.get("undo_error") and not fix.uncatchable:
             out.append(f"{fix.id}: not undone ({row['undo_error']}) and no reason why it cannot be")
         elif not row.get("undo_error") and not row.get("case") and not row.get("reason") and not fix.uncatchable:

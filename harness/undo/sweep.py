@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from harness.errors import ImplUnavailable
 from harness.judge.status import Status
 from harness.results.symptoms import failures
 from harness.selection import RunOptions
@@ -96,6 +97,7 @@ class Sweep:
         if self._control[0].unavailable:
             raise RuntimeError(f"the control copy of torch's files does not load: {self._control[0].unavailable}")
         self._baseline: dict[str, tuple[str, tuple[str, ...]]] = {}
+        self._made = 0
 
     def _write(self, name: str, files: dict) -> Path:
         root = self._tmp / name
@@ -132,8 +134,14 @@ class Sweep:
     def judge(self, variant: Variant) -> Verdict:
         """Run ``variant`` case by case until a record differs from the control's."""
         t0 = time.perf_counter()
-        root = self._write(f"v{len(self.killers)}-{abs(hash(variant.id)) % 10**8}", variant.files)
-        session, impl = self._open(root)
+        self._made += 1
+        root = self._write(f"v{self._made}", variant.files)
+        try:
+            session, impl = self._open(root)
+        except ImplUnavailable as exc:  # the copy does not load: every case would fail
+            shutil.rmtree(root, ignore_errors=True)
+            return Verdict(variant.id, None, Status.UNSUPPORTED.value, (), "", 0, time.perf_counter() - t0,
+                           reason=str(exc))
         try:
             if session.unavailable:
                 reason = "; ".join(session.unavailable.values())

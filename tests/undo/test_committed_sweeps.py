@@ -1,0 +1,52 @@
+"""The committed sweeps (docs/torch-fixes/) cover every change and every mutant, explain each survivor, and are the
+page's source.
+
+The results files are what `syncbn-harness undo fixes|mutants --out docs/torch-fixes/...` wrote; these tests read
+them (the main suite); test_sweep_sample.py runs a sample of them again (the sweep suite).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.undo import fixes, outcomes, page, sources
+from harness.undo.mutants import mutants
+from harness.undo.sweep import installed_text
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs" / "torch-fixes"
+
+
+@pytest.fixture(scope="module")
+def committed():
+    return (fixes.load(), outcomes.load(DOCS / "fixes.json"), outcomes.load(DOCS / "mutants.json"),
+            page.survivors())
+
+
+def test_every_change_and_every_mutant_of_the_installed_files_has_a_result(committed):
+    changes, fix_data, mutant_data, _ = committed
+    assert {f.id for f in changes} == set(fix_data["rows"])
+    made = {m.id for rel in sources.FILES for m in mutants(rel, installed_text(rel))}
+    assert made == set(mutant_data["rows"]), "mutants without a result, or results of mutants no longer made"
+
+
+def test_the_sweeps_leave_nothing_unexplained(committed):
+    changes, fix_data, mutant_data, explained = committed
+    assert page.problems(changes, fix_data["rows"], mutant_data["rows"], explained) == []
+
+
+def test_every_fix_and_feature_is_caught_or_says_why_not(committed):
+    changes, fix_data, _, _ = committed
+    for fix in changes:
+        row = fix_data["rows"][fix.id]
+        if fix.kind in page.MUST_CATCH and not fix.uncatchable:
+            assert page.outcome_class(row) == "caught", (fix.id, row)
+
+
+def test_the_page_is_what_the_results_make(committed):
+    changes, fix_data, mutant_data, explained = committed
+    assert (ROOT / "docs" / "torch-fixes.md").read_text() == page.markdown(changes, fix_data, mutant_data,
+                                                                           explained), \
+        "docs/torch-fixes.md is stale: run `syncbn-harness undo page`"

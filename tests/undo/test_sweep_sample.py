@@ -1,0 +1,52 @@
+"""A sample of the committed sweeps run again: the same changes caught, the same mutants killed or surviving.
+
+The full sweeps take about forty minutes on two cores (`syncbn-harness undo fixes`, `undo mutants`: see
+docs/undoing-fixes.md); CI runs this sample of them. Two changes are undone from real release files, downloaded
+as the command does (the smallest wheel of each release, from the package index), and eight mutants are drawn
+from the committed results, the same ones every time: six that a case killed, two that survive.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness import catalog
+from harness.selection import RunOptions
+from harness.undo import fixes, outcomes, sources
+from harness.undo.mutants import mutants
+from harness.undo.page import outcome_class
+from harness.undo.sweep import Sweep, Variant, installed_text
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "torch-fixes"
+CHANGES = ("pr98332", "pr111998")  # the counts' dtype (2.1.0); the training flag kept by the converter (2.2.0)
+
+
+def _every_kth(ids: list[str], n: int) -> list[str]:
+    ids = sorted(ids)
+    step = max(len(ids) // n, 1)
+    return ids[::step][:n]
+
+
+@pytest.mark.sweep(300)
+def test_a_sample_of_the_committed_sweeps_gives_the_committed_verdicts():
+    fix_rows = outcomes.load(DOCS / "fixes.json")["rows"]
+    mutant_rows = outcomes.load(DOCS / "mutants.json")["rows"]
+    killed = _every_kth([i for i, r in mutant_rows.items() if outcome_class(r) == "caught"], 6)
+    alive = _every_kth([i for i, r in mutant_rows.items() if outcome_class(r) == "not caught"], 2)
+    made = {m.id: m for rel in sources.FILES for m in mutants(rel, installed_text(rel))}
+    changes = {f.id: f for f in fixes.load()}
+    got, want = {}, {}
+    with Sweep(catalog.select([]), RunOptions(timeout=60)) as sweep:
+        for ident in CHANGES:
+            fix = changes[ident]
+            done, _ = fixes.undone(fix, installed_text(fix.file))
+            assert done.ok, (ident, done.reason)
+            got[ident] = outcome_class({"case": sweep.judge(Variant(ident, {fix.file: done.text}, fix.cases)).case})
+            want[ident] = outcome_class(fix_rows[ident])
+        for ident in killed + alive:
+            verdict = sweep.judge(Variant(ident, {made[ident].rel: made[ident].text}))
+            got[ident] = outcome_class({"case": verdict.case, "reason": verdict.reason})
+            want[ident] = outcome_class(mutant_rows[ident])
+    assert got == want
