@@ -30,7 +30,7 @@ The cache's folders (:data:`CACHE_FOLDERS`, kind -> folder): built kernels
 verdicts and stores (``bisect/``), a failing case's rank logs (``logs/``),
 torchrun's job folders (``torchrun/``), the stores' indexes (``indexes/``),
 uv's cache of unpacked wheels (``uv/``), apex builds (``apex/``) and torch
-releases' SyncBatchNorm files for ``undo fixes`` (``torch-sources/``).
+releases' SyncBatchNorm files for ``undo fixes`` (``sources/``).
 
 Protocol: each function reads its variable when called (never at import),
 so a test or a child process that sets one sees it. (``.ci/gpu-suite.sh``
@@ -74,7 +74,7 @@ def cache_root() -> Path:
 # :mod:`harness.cache` says how deep each kind's entries sit).
 CACHE_FOLDERS = {"kernels": "kernels", "environments": "envs", "overlays": "overlays", "compile": "inductor",
                  "bisect": "bisect", "logs": "logs", "torchrun": "torchrun", "indexes": "indexes", "uv": "uv",
-                 "apex": "apex", "sources": "torch-sources"}
+                 "apex": "apex", "sources": "sources"}
 
 
 def cache_folder(kind: str) -> Path:
