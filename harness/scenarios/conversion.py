@@ -236,7 +236,7 @@ def run_step(case: Case, impl, device: str, rank: int, model: nn.Module, oracle:
     floors: dict = {}
     ys, gx, shares = _global_truth(oracle, xs, gs, train, floors=floors, floor_rank=None if averaged else me)
     reduction = sum(int(x.numel() // x.shape[1]) for x in xs)
-    depth = user_models.depth(oracle)
+    depth = user_models.norm_depth(oracle)
     key = partial(step_key, step, kind)
 
     def judge(name, got, true, dtype=None, scale=None):

@@ -187,7 +187,7 @@ def other_norms(model: nn.Module) -> dict[str, nn.Module]:
     return {n: m for n, m in model.named_modules(remove_duplicate=False) if isinstance(m, OTHER_NORMS)}
 
 
-def depth(model: nn.Module) -> int:
+def norm_depth(model: nn.Module) -> int:
     """The layers a network budget counts (:func:`harness.judge.network_budget.network_tolerance`): each
     normalization and the layer before it, and the input."""
     return 2 * (len(batch_norms(model)) + len(other_norms(model))) + 1
