@@ -21,7 +21,8 @@ check, before anything runs again:
   bitwise what the converted model held, and none added or lost.
 
 Then the later steps run the reverted model on this rank's own batch alone
-(no collective: it is BatchNorm now), the model's own ``eval()`` or
+(a layer that still synchronizes normalizes over every rank's batch and
+fails there too), the model's own ``eval()`` or
 ``train()`` first, beside the float64 unconverted model (trained on the
 global batch in step 0) on the same batch: outputs, the input gradient, the
 parameter gradients and the buffers must be ``nn.BatchNorm``'s. Across ranks
