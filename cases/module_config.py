@@ -10,7 +10,11 @@ Catches:
 - running statistics drifting over several steps, num_batches_tracked not
   counted;
 - eps ignored, or added outside the square root;
-- 2-D, 3-D and 5-D input (apex#194: SyncBatchNorm did not take 2-D input).
+- 2-D, 3-D and 5-D input (apex#194: SyncBatchNorm did not take 2-D input);
+- bias=False (a weight without a bias, BatchNorm's keyword since pytorch#176573):
+  the bias dereferenced, a bias gradient made up, or the keyword ignored (a
+  layer that has a bias all the same). An implementation without the keyword
+  reports these cases ``unsupported``.
 """
 
 from harness.catalog.case import Case
@@ -41,4 +45,7 @@ def cases() -> list[Case]:
         _case("input-3d", spatial=(7,)),
         _case("input-5d", spatial=(2, 3, 2)),
         _case("input-5d-ws3", batch_sizes=(2, 1, 3), spatial=(2, 2, 2)),
+        _case("bias-off", bias=False, steps=("train", "eval", "train")),
+        _case("bias-off-momentum-none-5d", batch_sizes=(2, 0, 3), spatial=(2, 3, 2), bias=False, momentum=None,
+              steps=("train", "train", "eval")),
     ]

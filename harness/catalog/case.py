@@ -42,6 +42,9 @@ CASE_BACKENDS = (None, "nccl-contract")  # None: the run's backend
 # (harness.scenarios.checkpoint): named here, so the catalog need not import the scenarios.
 CONVERSION_MODELS = ("bn-act", "lazy", "frozen", "config", "no-running-stats", "nested")
 CHECKPOINT_MODES = ("resume-2-3", "resume-3-2", "revert", "rank0-ddp")
+# User models added to the conversion family after search's systems were drawn from CONVERSION_MODELS (they stay
+# out of its draws): BatchNorms with bias=False, and other norms (instance, group, layer) beside a BatchNorm.
+MORE_CONVERSION_MODELS = ("no-bias", "other-norms")
 # Model scenarios: how the network is trained beyond its DDP flags. "frozen-norm": every normalization's affine
 # parameters do not require grad (their statistics still train, as a norm config with requires_grad=False
 # does); "data-input": the network's input does not require grad (data, as users feed it; no input gradient
@@ -136,6 +139,9 @@ class Case:
     rank_seeds: tuple[int, ...] = ()
     default: bool = True  # in the default selection (else only with --exhaustive)
     note: str = ""
+    # False: the layer has a weight and no bias (BatchNorm's keyword ``bias``, pytorch#176573): bias None, no bias
+    # gradient; its data's bias is 0, what the missing bias adds.
+    bias: bool = True
 
     def __post_init__(self) -> None:
         if len(self.spatial) != len(self.batch_sizes):
@@ -240,6 +246,7 @@ class Case:
             "compile": list(self.compile),
             "use": self.use,
             "options": list(self.options),
+            "bias": self.bias,
         }
 
     def sizes_at(self, step: int) -> tuple[int, ...]:

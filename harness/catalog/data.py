@@ -65,6 +65,8 @@ def materialize(case: Case, ranks: Optional[Sequence[int]] = None) -> CaseData:
     sign = torch.where(torch.rand(C, generator=gen) < 0.3, -1.0, 1.0).double()
     weight = (sign * (torch.rand(C, generator=gen, dtype=torch.float64) * 1.5 + 0.25)).to(pdtype)
     bias = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.5).to(pdtype)
+    if not case.bias:  # drawn all the same, so that the draws after it are the same as with a bias
+        bias = torch.zeros_like(bias)
     running_mean = (torch.randn(C, generator=gen, dtype=torch.float64) * 0.1).to(pdtype)
     running_var = (torch.rand(C, generator=gen, dtype=torch.float64) * 0.5 + 0.75).to(pdtype)
     inputs, grads = [], []

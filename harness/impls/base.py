@@ -5,7 +5,8 @@ Protocol: an adapter is a small class that says what it supports
 (:class:`Capabilities`), checks that it can run here (``check_available``
 raises :class:`~harness.errors.ImplUnavailable` with the reason), prepares a
 rank process once (``setup_rank``), builds one module per rank (``build``),
-converts a whole model (``convert``) and calls the module (``forward``).
+converts a whole model (``convert``), reverts one to BatchNorm where it has a
+revert of its own (``revert``) and calls the module (``forward``).
 Anything the adapter does not support is reported ``unsupported`` with the
 reason from :meth:`Impl.unsupported_reason`, never silently dropped.
 """
@@ -27,10 +28,24 @@ def construct_like_syncbn(factory, case: Case, process_group):
     """One module from a class or factory with ``torch.nn.SyncBatchNorm``'s constructor, for ``case``.
 
     The signature: ``(num_features, eps=1e-5, momentum=0.1, affine=True,
-    track_running_stats=True, process_group=None)``, keywords after the first.
+    track_running_stats=True, process_group=None)``, keywords after the first;
+    a case without bias (``Case.bias`` False) adds the keyword ``bias=False``
+    (only then: a factory that predates the keyword builds every other case).
     """
+    extra = {} if case.bias else {"bias": False}
     return factory(case.channels, eps=case.eps, momentum=case.momentum, affine=case.affine,
-                   track_running_stats=case.track_running_stats, process_group=process_group)
+                   track_running_stats=case.track_running_stats, process_group=process_group, **extra)
+
+
+def takes_bias(factory) -> bool:
+    """Whether ``factory`` (a class or a function) takes the keyword ``bias`` (or any keyword, ``**kwargs``)."""
+    import inspect
+
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): assume the keyword is there
+        return True
+    return any(p.name == "bias" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 @dataclass(frozen=True)
@@ -53,6 +68,8 @@ class Capabilities:
     fullgraph: bool = True  # meant to compile under torch.compile(fullgraph=True) (no host syncs, no breaks)
     double_backward: bool = True  # its backward is differentiable (create_graph=True: gradient penalties)
     script: bool = True  # meant to go through torch.jit.script
+    bias_off: bool = True  # a weight without a bias (BatchNorm's keyword bias=False)
+    revert: bool = False  # a revert of a converted model to BatchNorm of its own (``Impl.revert``)
 
     def to_dict(self) -> dict:
         return {k: sorted(v) if isinstance(v, frozenset) else v for k, v in self.__dict__.items()}
@@ -121,6 +138,8 @@ class Impl(abc.ABC):
             (cap.fullgraph or "fullgraph" not in case.compile, "torch.compile(fullgraph=True)"),
             (cap.double_backward or case.use != "double-backward", "double backward (create_graph=True)"),
             (cap.script or case.use != "script", "torch.jit.script"),
+            (cap.bias_off or case.bias, "bias=False (a weight without a bias)"),
+            (cap.revert or case.scenario != "revert", "reverting a converted model to BatchNorm (it has no revert)"),
         ]
         missing = [what for ok, what in checks if not ok]
         if missing:
@@ -137,6 +156,10 @@ class Impl(abc.ABC):
     def convert(self, model, process_group):
         """Convert every BatchNorm of ``model`` to this implementation (``convert_sync_batchnorm``)."""
         raise ImplUnavailable(f"{self.name} has no model conversion (its capabilities say convert=False)")
+
+    def revert(self, model):
+        """Turn every SyncBN layer of ``model`` back into a BatchNorm with this implementation's own revert."""
+        raise ImplUnavailable(f"{self.name} has no revert to BatchNorm (its capabilities say revert=False)")
 
     def forward(self, module, input):
         """Call the module, or a whole model containing it (adapters may wrap the call, e.g. in a context)."""

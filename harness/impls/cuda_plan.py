@@ -81,7 +81,8 @@ def _rank_refusal(case, shape: tuple, world: int, backward: bool) -> Optional[Re
     casts_counts, casts_weight = function_casts()
     fmt = case.memory_format if case.input_layout == "dense" else "contiguous"
     x = _laid_out(shape, x_dt, fmt)
-    w = b = _meta((c,), p_dt, case.affine)
+    w = _meta((c,), p_dt, case.affine)
+    b = _meta((c,), p_dt, case.affine and case.bias)
     rm = rv = _meta((c,), p_dt, case.track_running_stats)
     v = verdict("batch_norm_stats", {"input": x, "eps": case.eps})
     if v.refusal:
@@ -98,7 +99,7 @@ def _rank_refusal(case, shape: tuple, world: int, backward: bool) -> Optional[Re
         return v.refusal
     g = _laid_out(shape, x_dt, case.grad_memory_format or case.memory_format)
     v = verdict("batch_norm_backward_reduce", {"grad_out": g, "input": x, "mean": mean, "invstd": mean, "weight": w,
-                                                "input_g": True, "weight_g": case.affine, "bias_g": case.affine})
+                                                "input_g": True, "weight_g": case.affine, "bias_g": b is not None})
     if v.refusal:
         return v.refusal
     if w is not None and casts_weight and w.dtype != mean.dtype:

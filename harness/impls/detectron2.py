@@ -77,7 +77,8 @@ class Detectron2Impl(Impl):
     name = "detectron2"
     by_default = False
     stats_mode = ""
-    capabilities = Capabilities(ndims=frozenset({4}), subgroups=False, empty_ranks=False)
+    # bias_off: its training forward computes ``self.bias - mean * scale`` (it predates BatchNorm's bias=False).
+    capabilities = Capabilities(ndims=frozenset({4}), subgroups=False, empty_ranks=False, bias_off=False)
 
     @property
     def mode(self) -> Optional[Mode]:  # type: ignore[override]
@@ -154,7 +155,7 @@ class Detectron2NImpl(Detectron2Impl):
 
     name = "detectron2-n"
     stats_mode = "N"
-    capabilities = Capabilities(ndims=frozenset({4}), subgroups=False)
+    capabilities = Capabilities(ndims=frozenset({4}), subgroups=False, bias_off=False)
 
     def documented_inexact(self, case: Case) -> Optional[str]:
         shapes = {tuple(case.spatial[r]) for r in ranks_with_data(case)}

@@ -10,13 +10,15 @@ layer cases whose layer comes from a converted model) say
 something the ``torch`` records do not; every other case is ``unsupported``.
 Lightning documents overriding ``apply`` to synchronize within process
 groups; the plugin as shipped takes none, so cases that need a subgroup are
-``unsupported`` (as for ``mmengine``). ``revert`` (SyncBatchNorm back to a
-plain ``_BatchNormXd``, done when a Trainer tears down) is checked by
-``tests/impls/test_maintained.py``, not by a case: the scenarios only convert.
+``unsupported`` (as for ``mmengine``). Its ``revert`` (SyncBatchNorm back to a
+plain ``_BatchNormXd``, done when a Trainer's DDP or FSDP strategy tears down)
+is this adapter's revert: the ``revert`` scenario's cases
+(``conversion/revert/*``) run it after a training step.
 """
 
 from __future__ import annotations
 
+from harness.impls.base import Capabilities
 from harness.impls.torch_layer import TorchLayerAdapter
 
 
@@ -30,7 +32,14 @@ class LightningImpl(TorchLayerAdapter):
     takes_process_group = False
     converter_words = "TorchSyncBatchNorm.apply"
 
+    capabilities = Capabilities(convert=True, revert=True)
+
     def library_converter(self):
         from lightning.pytorch.plugins import TorchSyncBatchNorm
 
         return TorchSyncBatchNorm().apply
+
+    def library_revert(self):
+        from lightning.pytorch.plugins import TorchSyncBatchNorm
+
+        return TorchSyncBatchNorm().revert

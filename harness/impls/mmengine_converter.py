@@ -15,13 +15,13 @@ The converter takes no process group (its second argument is
 over the whole world: cases that need a subgroup (``groups``, or a checkpoint
 resumed on fewer ranks than it was taken on, ``resume-*``) are
 ``unsupported`` with that reason. ``revert_sync_batchnorm`` (SyncBatchNorm
-back to a plain ``_BatchNormXd``) is not driven by a case: the scenarios call
-only ``convert`` (the ``revert`` round trip loads the checkpoint into the
-unconverted model); ``tests/impls/test_maintained.py`` checks what it keeps.
+back to a plain ``_BatchNormXd``) is this adapter's revert: the ``revert``
+scenario's cases (``conversion/revert/*``) run it after a training step.
 """
 
 from __future__ import annotations
 
+from harness.impls.base import Capabilities
 from harness.impls.torch_layer import TorchLayerAdapter
 
 
@@ -34,7 +34,14 @@ class MmengineImpl(TorchLayerAdapter):
     install_hint = "pip install mmengine"
     takes_process_group = False
 
+    capabilities = Capabilities(convert=True, revert=True)
+
     def library_converter(self):
         from mmengine.model import convert_sync_batchnorm
 
         return lambda model: convert_sync_batchnorm(model, implementation="torch")
+
+    def library_revert(self):
+        from mmengine.model import revert_sync_batchnorm
+
+        return revert_sync_batchnorm

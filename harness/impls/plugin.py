@@ -6,16 +6,21 @@ one instance per rank, moves it to the case's device and parameter dtype, and
 calls ``forward(input)``. A plugin may set a ``name`` attribute for display,
 and ``capabilities`` (a :class:`harness.impls.Capabilities`, or a plain dict of
 its fields for a plugin that does not import the harness) to declare limits.
+Without them, a ``convert_sync_batchnorm`` classmethod declares model
+conversion and a ``revert_sync_batchnorm`` one a revert to BatchNorm; a
+constructor without the keyword ``bias`` (nor ``**kwargs``) cannot build a
+layer without bias (``bias_off=False``), whatever it declares.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Optional
 
 from harness.catalog.case import Case
 from harness.errors import PluginUnavailable, UsageError
-from harness.impls.base import Capabilities, Impl, ReproBinding, construct_like_syncbn
+from harness.impls.base import Capabilities, Impl, ReproBinding, construct_like_syncbn, takes_bias
 
 
 class PluginImpl(Impl):
@@ -56,8 +61,11 @@ class PluginImpl(Impl):
                 caps = _capabilities(self.spec, caps)
             if isinstance(caps, Capabilities):
                 self.capabilities = caps
-            elif callable(getattr(factory, "convert_sync_batchnorm", None)):
-                self.capabilities = Capabilities(convert=True)
+            else:
+                self.capabilities = Capabilities(convert=callable(getattr(factory, "convert_sync_batchnorm", None)),
+                                                 revert=callable(getattr(factory, "revert_sync_batchnorm", None)))
+            if not takes_bias(factory):  # a constructor without the keyword cannot build a layer without bias
+                self.capabilities = dataclasses.replace(self.capabilities, bias_off=False)
             display = getattr(factory, "name", None)
             if isinstance(display, str) and display and self.name == self.spec:
                 self.name = display
@@ -86,6 +94,12 @@ class PluginImpl(Impl):
         if not callable(convert):
             return super().convert(model, process_group)
         return convert(model, process_group)
+
+    def revert(self, model):
+        revert = getattr(self._load(), "revert_sync_batchnorm", None)
+        if not callable(revert):
+            return super().revert(model)
+        return revert(model)
 
     def build(self, case: Case, process_group, device: str):
         return construct_like_syncbn(self._load(), case, process_group)

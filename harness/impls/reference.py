@@ -33,6 +33,11 @@ they were (an all-empty group is handled on the device either way).
 does. ``torch.compile`` with ``fullgraph=True`` is not supported (capabilities:
 ``fullgraph=False``): the autograd Function and the host read above break the
 graph.
+
+``bias=False`` keeps the weight and has no bias (no shift, no bias gradient),
+as ``nn.BatchNorm`` with that keyword. ``SyncBatchNorm.revert_sync_batchnorm``
+turns converted layers back into the BatchNorms they were (the same objects
+under their original classes).
 """
 
 from __future__ import annotations
@@ -144,10 +149,11 @@ class SyncBatchNorm(_BatchNorm):
 
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: Optional[float] = 0.1, affine: bool = True,
                  track_running_stats: bool = True, process_group=None, device=None, dtype=None, *, bias: bool = True):
-        if affine and not bias:
-            raise ValueError("the reference SyncBatchNorm has no affine=True, bias=False variant: pass bias=True")
-        # bias=False comes only with affine=False here (a lazy layer's placeholder), where it changes nothing.
+        # The keyword is not passed on: BatchNorm before pytorch#176573 has none. bias=False keeps the weight and
+        # registers no bias (None), as nn.BatchNorm does; the kernels take a weight without a bias (no shift).
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
+        if affine and not bias:
+            self.bias = None
         self.process_group = process_group
 
     @classmethod
@@ -161,6 +167,23 @@ class SyncBatchNorm(_BatchNorm):
         BatchNorm stays lazy and becomes this SyncBN when its first input arrives.
         """
         return _convert(cls, module, process_group, {})
+
+    @classmethod
+    def revert_sync_batchnorm(cls, module: torch.nn.Module) -> torch.nn.Module:
+        """Turn every layer of this SyncBN in ``module`` back into a BatchNorm, in place; returns ``module``.
+
+        Each layer stays the same object under the class it was converted from (a subclass keeps its own,
+        a lazy layer that has seen its input becomes what its class becomes), so its parameters, buffers,
+        training flag, qconfig, hooks and every other attribute stay as they are, and a module registered
+        at several places stays one module; it loses only its process group. A layer built as this SyncBN
+        (not converted) becomes a :class:`BatchNormNd`.
+        """
+        for m in list(module.modules()):
+            if isinstance(m, cls):
+                m.__class__ = _reverted_class(m)
+                m.__dict__.pop("process_group", None)
+                m.__dict__.pop("_converted_from", None)
+        return module
 
     def _check_input_dim(self, input: Tensor) -> None:
         if input.dim() < 2:
@@ -221,9 +244,30 @@ def _converted_layer(cls, module: _BatchNorm, process_group) -> _BatchNorm:
         out.register_buffer(name, b, persistent=name not in module._non_persistent_buffers_set)
     out.process_group = process_group
     out.training = module.training
+    if not issubclass(kind, torch.nn.SyncBatchNorm):
+        out._converted_from = kind  # what revert_sync_batchnorm makes it again
     if hasattr(module, "qconfig"):
         out.qconfig = module.qconfig
     return out
+
+
+class BatchNormNd(_BatchNorm):
+    """nn.BatchNorm of any input of 2 dimensions or more: what a reverted layer built as the reference SyncBN
+    (not converted from a BatchNorm of known dimensionality) becomes."""
+
+    def _check_input_dim(self, input: Tensor) -> None:
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
+
+
+def _reverted_class(layer: _BatchNorm) -> type:
+    """The BatchNorm class a converted ``layer`` came from (what a lazy one becomes once it has seen its input)."""
+    kind = layer.__dict__.get("_converted_from")
+    if kind is None:
+        return BatchNormNd
+    if issubclass(kind, _LazyNormBase) and not layer.has_uninitialized_params():
+        return kind.cls_to_become
+    return kind
 
 
 _PLAIN = (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d, torch.nn.SyncBatchNorm)
@@ -246,7 +290,7 @@ class ReferenceImpl(Impl):
     # autograd Function is Python, which TorchScript cannot compile. A training step has no host sync (see the
     # module docstring): capturable in a CUDA graph.
     capabilities = Capabilities(convert=True, graph_capture=True, fullgraph=False, double_backward=False,
-                                script=False)
+                                script=False, revert=True)
 
     def version(self) -> str:
         from harness import __version__
@@ -267,3 +311,6 @@ class ReferenceImpl(Impl):
 
     def convert(self, model, process_group):
         return SyncBatchNorm.convert_sync_batchnorm(model, process_group)
+
+    def revert(self, model):
+        return SyncBatchNorm.revert_sync_batchnorm(model)

@@ -12,7 +12,9 @@ turns those declarations into ``version``, ``check_available``,
 ``check_available_on``, ``repro_binding``, ``unsupported_reason`` and
 ``converter``. An adapter overrides one narrow method where its library
 differs (:meth:`TorchLayerAdapter.says_more_than_torch`,
-:meth:`TorchLayerAdapter.library_converter`).
+:meth:`TorchLayerAdapter.library_converter`, and where the library can turn
+SyncBatchNorm back into BatchNorm, :meth:`TorchLayerAdapter.library_revert`
+with ``revert=True`` in its capabilities).
 
 detectron2's ``NaiveSyncBatchNorm`` is not one of these: it is its own
 ``BatchNorm2d`` subclass, not torch's layer (:mod:`harness.impls.detectron2`).
@@ -28,8 +30,8 @@ from harness.errors import ImplUnavailable
 from harness.impls.base import ReproBinding
 from harness.impls.torch_native import TorchImpl
 
-# The scenarios whose every case converts a model.
-CONVERTING = ("conversion", "checkpoint")
+# The scenarios whose every case converts a model (``revert``: and reverts it with the library's own revert).
+CONVERTING = ("conversion", "checkpoint", "revert")
 
 
 class TorchLayerAdapter(TorchImpl):
@@ -99,6 +101,18 @@ class TorchLayerAdapter(TorchImpl):
     def library_converter(self) -> Callable:
         """The library's converter: ``(model, process_group)``, or ``(model)`` where it takes no group."""
         return super().converter()
+
+    def library_revert(self) -> Optional[Callable]:
+        """The library's revert of a converted model to BatchNorm, ``(model) -> model``, or None (it has none:
+        declare ``revert=True`` in the capabilities of an adapter that returns one)."""
+        return None
+
+    def revert(self, model):
+        """The library's own revert (see :meth:`library_revert`)."""
+        revert = self.library_revert()
+        if revert is None:
+            return super().revert(model)
+        return revert(model)
 
     def converter(self):
         """The library's converter as ``(model, process_group)``; a group it cannot take raises."""

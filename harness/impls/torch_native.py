@@ -8,6 +8,9 @@ On both devices, a case whose dtypes torch's CUDA kernels refuse, as
 gather reads the running statistics' dtype), is ``unsupported``, with the op and
 CUDA's error, as :mod:`harness.impls.cuda_contract` derives it from the
 contract. A refusal ``nn.BatchNorm`` does not make runs, and fails as on CUDA.
+A case without bias (``bias=False``) is ``unsupported`` on a build whose
+SyncBatchNorm predates that keyword. torch has no revert of SyncBatchNorm to
+BatchNorm (pytorch#41081 asks for one): its revert cases are ``unsupported``.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 from typing import Optional
 
 from harness.catalog.case import Case
-from harness.impls.base import Capabilities, Impl, ReproBinding, construct_like_syncbn
+from harness.impls.base import Capabilities, Impl, ReproBinding, construct_like_syncbn, takes_bias
 from harness.judge.mode import Mode
 
 
@@ -37,12 +40,21 @@ class TorchImpl(Impl):
 
     def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
         """The capabilities' reason, else why CUDA's kernels refuse torch's SyncBN on ``case`` (either device)."""
-        reason = super().unsupported_reason(case, device)
+        reason = super().unsupported_reason(case, device) or self.no_bias_reason(case)
         if reason:
             return reason
         from harness.impls import cuda_plan
 
         return cuda_plan.syncbn_unsupported_reason(case, device)
+
+    def no_bias_reason(self, case: Case) -> Optional[str]:
+        """Why this build's SyncBatchNorm cannot run a case without bias (it predates the keyword), or None."""
+        if case.bias or takes_bias(self.syncbn_class()):
+            return None
+        import torch
+
+        return (f"torch {torch.__version__}'s SyncBatchNorm takes no bias argument (BatchNorm's bias=False came "
+                "with pytorch#176573)")
 
     def repro_binding(self) -> ReproBinding:
         return ReproBinding("torch", "SyncBatchNorm = torch.nn.SyncBatchNorm", on_cuda=True)

@@ -155,15 +155,18 @@ class _StepJudge:
         return compare_tensor(obs["grad_input"], truth.grad_input[rank], tol, dtype=b.dtype)
 
     def parameters(self, obs: dict, shares: list) -> list[tuple[str, Metric]]:
-        """grad_weight and grad_bias: the sums of the shares of the steps whose backward this one ran."""
+        """grad_weight and grad_bias (none without a bias): the sums of the shares of the steps whose backward
+        this one ran."""
         b = self.budget
         steps = obs.get("grad_steps") or [self.s]
         true_gw = sum(shares[i][0] for i in steps)
         true_gb = sum(shares[i][1] for i in steps)
         tol_gw = sum(shares[i][2] for i in steps) + b.u_p * true_gw.abs()
         tol_gb = sum(shares[i][3] for i in steps) + b.u_p * true_gb.abs()
-        return [("grad_weight", compare_tensor(obs["grad_weight"], true_gw, K * tol_gw, dtype=b.pdtype)),
-                ("grad_bias", compare_tensor(obs["grad_bias"], true_gb, K * tol_gb, dtype=b.pdtype))]
+        out = [("grad_weight", compare_tensor(obs["grad_weight"], true_gw, K * tol_gw, dtype=b.pdtype))]
+        if self.case.bias:  # without a bias (bias=False) there is no bias gradient to judge
+            out.append(("grad_bias", compare_tensor(obs["grad_bias"], true_gb, K * tol_gb, dtype=b.pdtype)))
+        return out
 
     def buffers(self, obs: dict) -> list[tuple[str, Metric]]:
         """running_mean and running_var under their budgets after this step; num_batches_tracked exactly."""

@@ -9,8 +9,9 @@ A record's metrics are keyed by name, in one grammar:
   same on every rank of a group;
 - ``step<s>.<tensor>_sum``: a parameter gradient summed over the ranks (what
   DDP uses), judged once, without a rank or a phase;
-- a scenario's own name outside steps (``convert.00``, ``revert.eval.output``):
-  only ``tensor`` is set, to the whole name.
+- a scenario's own name outside steps (``convert.00``, ``reverted.01``,
+  ``revert.eval.output``, ``layer.bias``): only ``tensor`` is set, to the
+  whole name.
 
 The rank prefix is added by the parent when it gathers the ranks' metrics; a
 rank names its own metrics without it. ``str(MetricKey.parse(name)) == name``
@@ -85,10 +86,11 @@ class MetricKey:
     @property
     def kind(self) -> str:
         """The name without its step and rank (``train.output``, ``eval.running_var.across_ranks``); a
-        scenario's numbered names as one (``convert.3`` -> ``convert``): what a search signature keeps, so that
-        a shrunk case with fewer steps or ranks fails the same way."""
-        if self.step is None and self.tensor.startswith("convert."):
-            return "convert"
+        scenario's numbered names as one (``convert.3`` -> ``convert``, ``reverted.0`` -> ``reverted``): what a
+        search signature keeps, so that a shrunk case with fewer steps or ranks fails the same way."""
+        head, _, number = self.tensor.partition(".")
+        if self.step is None and (head == "convert" or number.isdigit()):
+            return head
         return str(replace(self, step=None, rank=None))
 
     @property

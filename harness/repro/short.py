@@ -92,7 +92,8 @@ def unexpressible(case: Case, impl) -> Optional[str]:
                (case.input_layout != "dense", f"a {case.input_layout} input view"),
                (len({tuple(sp) for sp in case.spatial}) > 1, "spatial sizes that differ between ranks"),
                (any(k not in FILE_STEPS for k in case.steps), "two forwards before one backward ('fwd' steps)"),
-               (impl.name == "apex" and case.memory_format != "contiguous", "apex's channels-last layer")]
+               (impl.name == "apex" and case.memory_format != "contiguous", "apex's channels-last layer"),
+               (not case.bias, "a layer without bias (bias=False)")]
     said = [why for bad, why in reasons if bad]
     if said:
         return "the short form does not cover " + ", ".join(said)

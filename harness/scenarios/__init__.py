@@ -22,6 +22,8 @@ and may have a third, asked in the parent before any rank runs the case:
   model in float64 (the models in :mod:`~harness.scenarios.user_models`);
 - :mod:`~harness.scenarios.checkpoint`: a converted model's checkpoint resumed at another world size, reverted to
   plain BatchNorm, or loaded on rank 0 under DDP;
+- :mod:`~harness.scenarios.revert`: a converted model trained a step, reverted to BatchNorm by the implementation's
+  own revert, judged as the BatchNorm model it must be;
 - :mod:`~harness.scenarios.cuda_graph`: a training step captured in a CUDA graph, replayed step by step;
 - :mod:`~harness.scenarios.uses`: what users do around the model scenario's network (activation checkpointing,
   a gradient penalty, autocast, TorchScript, DDP's join), a ``Use`` class each;
@@ -34,7 +36,7 @@ import importlib
 import sys
 from typing import Optional
 
-SCENARIOS = ("layer", "model", "conversion", "checkpoint", "cuda_graph")
+SCENARIOS = ("layer", "model", "conversion", "checkpoint", "cuda_graph", "revert")
 
 
 def module(name: str):

@@ -5,11 +5,14 @@ the case's seed, the same on every rank), note what a faithful conversion must
 keep, convert it with the implementation's converter (``Impl.convert``) and
 check, before any step:
 
-- every BatchNorm was converted (none is still of its plain class);
+- every BatchNorm was converted (none is still of its plain class), and
+  every other normalization (instance, group, layer norm) is still the same
+  object of the same class;
 - a BatchNorm subclass with its own ``forward`` is still one after conversion
   (or its behaviour is gone, as a fused activation disappears);
 - every module's ``training`` flag, every parameter's ``requires_grad`` and
   every ``qconfig`` are what they were;
+- no parameter appears that was not there (a ``bias=False`` layer's bias);
 - parameters are the same objects (shared, not copied: an optimizer or a tied
   weight made before conversion still sees them), and a module registered at
   several places is still one module.
@@ -43,7 +46,12 @@ from harness.scenarios import user_models
 from harness.scenarios.across import Across
 from harness.scenarios.model import judge_across, judge_buffers
 
-__all__ = ["run_rank", "run_step", "oracle_step", "judge_across", "conversion_problems"]
+__all__ = ["run_rank", "run_step", "oracle_step", "judge_across", "conversion_problems", "unsupported_reason"]
+
+
+def unsupported_reason(case: Case, impl, device: str, backend: str) -> Optional[str]:
+    """A model this torch cannot build (BatchNorms without bias before the keyword existed), else None."""
+    return user_models.unbuildable(case.model)
 
 
 def _own_forward(kind: type) -> bool:
@@ -68,6 +76,7 @@ def _snapshot(model: nn.Module) -> dict:
         by_object.setdefault(id(m), []).append(name)
     return {
         "norms": {n: type(m) for n, m in user_models.batch_norms(model).items()},
+        "others": {n: (type(m), id(m)) for n, m in user_models.other_norms(model).items()},
         "training": {n: m.training for n, m in modules.items()},
         "params": {n: (id(p), p.requires_grad) for n, p in _every(model, "_parameters")},
         "qconfig": {n: m.qconfig for n, m in modules.items() if getattr(m, "qconfig", None) is not None},
@@ -90,6 +99,15 @@ def conversion_problems(before: dict, converted: nn.Module) -> list[str]:
         elif kind not in plain and _own_forward(kind) and not isinstance(got, kind):
             problems.append(f"{name} was {kind.__name__}, whose forward does more than normalize; it is now "
                             f"{type(got).__name__}, and that behaviour is gone")
+    for name, (kind, ident) in before.get("others", {}).items():
+        got = modules.get(name)
+        if got is None:
+            problems.append(f"{name} ({kind.__name__}) is missing after conversion")
+        elif type(got) is not kind:
+            problems.append(f"{name} was {kind.__name__}, which normalizes each sample alone; it is now "
+                            f"{type(got).__name__}")
+        elif id(got) != ident:
+            problems.append(f"{name} ({kind.__name__}) was replaced by another module")
     for name, flag in before["training"].items():
         if name in modules and modules[name].training != flag:
             problems.append(f"{name or 'the model'}: training={modules[name].training} after conversion, was {flag}")
@@ -104,6 +122,10 @@ def conversion_problems(before: dict, converted: nn.Module) -> list[str]:
                             "sees the trained one)")
         if p.requires_grad != requires_grad:
             problems.append(f"parameter {name}: requires_grad={p.requires_grad} after conversion, was {requires_grad}")
+    for name in sorted(set(params) - set(before["params"])):
+        leaf = name.rsplit(".", 1)[-1]
+        problems.append(f"parameter {name} exists after conversion and was None before"
+                        + (" (bias=False not carried over)" if leaf == "bias" else ""))
     for name, qconfig in before["qconfig"].items():
         if name in modules and getattr(modules[name], "qconfig", None) is not qconfig:
             problems.append(f"{name}: qconfig lost in conversion")
@@ -114,13 +136,19 @@ def conversion_problems(before: dict, converted: nn.Module) -> list[str]:
     return problems
 
 
-def _global_truth(oracle: nn.Module, xs: list, gs: list, train: bool):
+def _global_truth(oracle: nn.Module, xs: list, gs: list, train: bool, *, floors: Optional[dict] = None,
+                  floor_rank: Optional[int] = None):
     """Each rank's output, input gradient and share of every parameter gradient, from the float64 oracle.
 
     A rank's share of a parameter's gradient is what its own samples contribute to the gradient of the
     whole loss (what its SyncBN backward computes, and DDP sums). Every parameter here acts on each
     sample separately (a convolution's weights, a BatchNorm's affine), so that share is the gradient of
     the module's output with respect to the parameter, with the loss's gradient kept on that rank's rows.
+
+    ``floors`` (a dict, filled when given) gets, for rank ``floor_rank``, the magnitude of each parameter's
+    gradient taken with the absolute value of the loss's gradient at every call's output: for a bias, the
+    sum of the magnitudes of the terms its gradient adds up, what the gradient's rounding is proportional
+    to even where the terms cancel exactly (a bias right before a normalization of the same values).
     """
     oracle.train(train)
     leaves = [x.detach().to(torch.float64).requires_grad_(True) for x in xs]
@@ -174,6 +202,14 @@ def _global_truth(oracle: nn.Module, xs: list, gs: list, train: bool):
             for (_, p), g in zip(names, parts):
                 if g is not None:
                     shares[r][full_name[id(p)]] += g
+            if floors is None or r != floor_rank:
+                continue
+            parts = torch.autograd.grad(out, copies, grad_outputs=gy.abs() * mask, retain_graph=True,
+                                        allow_unused=True)
+            for (_, p), g in zip(names, parts):
+                if g is not None:
+                    name = full_name[id(p)]
+                    floors[name] = floors.get(name, 0) + g.abs()
     return ys, gx, shares
 
 
@@ -197,9 +233,10 @@ def run_step(case: Case, impl, device: str, rank: int, model: nn.Module, oracle:
     kind = case.steps[step]
     train = STEP_KINDS[kind] == "train"
     pdtype = DTYPES[case.param_dtype]
-    ys, gx, shares = _global_truth(oracle, xs, gs, train)
+    floors: dict = {}
+    ys, gx, shares = _global_truth(oracle, xs, gs, train, floors=floors, floor_rank=None if averaged else me)
     reduction = sum(int(x.numel() // x.shape[1]) for x in xs)
-    depth = 2 * len(user_models.batch_norms(oracle)) + 1
+    depth = user_models.norm_depth(oracle)
     key = partial(step_key, step, kind)
 
     def judge(name, got, true, dtype=None, scale=None):
@@ -218,6 +255,9 @@ def run_step(case: Case, impl, device: str, rank: int, model: nn.Module, oracle:
     # A parameter gradient is a sum over the batch whose terms may cancel in one channel: its budget is relative
     # to the tensor's largest element (and, for an average over ranks, to the shares' magnitudes).
     scale = {n: own[n].abs() + own[n].abs().max() if own[n].numel() else own[n] for n in own}
+    # And to the magnitude of the terms it sums: all that is left of a gradient whose terms cancel exactly (a
+    # bias right before a normalization of the same values, trained on one batch).
+    scale.update({n: scale[n] + floors[n] for n in own if n in floors})
     if averaged:
         scale = {n: scale[n] + sum(sh[n].abs() for sh in shares) / len(shares) for n in own}
     named = model.module.named_parameters() if averaged else model.named_parameters()
@@ -225,8 +265,9 @@ def run_step(case: Case, impl, device: str, rank: int, model: nn.Module, oracle:
         if name in own:
             judge(f"grad.{name}", p.grad, own[name], pdtype, scale.get(name))
         elif p.grad is not None and bool(p.grad.ne(0).any()):
+            why = "requires_grad=False" if name in dict(oracle.named_parameters()) else "no such parameter"
             metrics.append((key(f"grad.{name}"), Metric.failure(f"{name} got a gradient, and it should get "
-                                                                  "none (requires_grad=False before conversion)")))
+                                                                  f"none ({why} before conversion)")))
     model.zero_grad(set_to_none=True)
     oracle.zero_grad(set_to_none=True)
     truth = dict(_every(oracle, "_buffers"))

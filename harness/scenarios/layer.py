@@ -4,7 +4,9 @@ Per rank: regenerate the case's inputs from its seed, compute the float64
 oracle, build the implementation's module (or convert a nested model of plain
 BatchNorms and take its layer, ``case.model == "nested"``), run each step and
 compare the output, grad_input, grad_weight and grad_bias shares, running
-statistics and num_batches_tracked of every step with the oracle. Steps
+statistics and num_batches_tracked of every step with the oracle (a case
+without bias, ``Case.bias`` False: no grad_bias, and the layer must have
+none). Steps
 (``Case.steps``): ``train`` and ``eval`` (forward, then backward with the
 case's upstream gradient); ``fwd`` (a training forward whose backward comes
 with the next ``train`` step: two forwards, one backward of both, as a GAN
@@ -55,7 +57,7 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     data, truths = prepared.prepare(case, rank, getattr(ctx, "exchange", None))
     group = ctx.process_group(case)
     refuse_at = len(truths) - 1 if truths and truths[-1].raises else None
-    observed, convert_problems = run_steps(ctx, case, impl, device, data, group, refuse_at=refuse_at)
+    observed, problems = run_steps(ctx, case, impl, device, data, group, refuse_at=refuse_at)
     refusal = observed.pop() if refuse_at is not None and len(observed) > refuse_at else None
     truths = truths[:len(observed)]
     result.across = Across(bitwise={s: {name: obs[f"{name}_bits"] for name in BUFFERS}
@@ -66,18 +68,18 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         judged = {s: obs.get("grad_steps") or [s] for s, obs in enumerate(observed)
                   if obs is not None and obs.get("grads", "own") in ("own", "accumulated")}
         result.across.shares = {str(s): {which: _as_list(observed[s][which], case.channels)
-                                         for which in ("grad_weight", "grad_bias")} for s in judged}
+                                         for which in parameter_grads(case)} for s in judged}
         # Each rank's budget terms of the sums' tolerance: the parent adds them up (judge_across), so no rank
         # goes over the others' tensors again.
         result.across.budgets = budgets
         # This rank's true shares: the parent sums them over the ranks (a rank may hold only its own truth).
         result.across.true_shares = {
             str(s): {which: {str(i): getattr(truths[i], which)[rank].tolist() for i in steps}
-                     for which in ("grad_weight", "grad_bias")}
+                     for which in parameter_grads(case)}
             for s, steps in judged.items()}
     if compare_with:
         result.compare = compare_implementations(ctx, case, compare_with, device, data, group, observed)
-    metrics += [(f"convert.{i}", Metric.failure(p)) for i, p in enumerate(convert_problems)]
+    metrics += [(name, Metric.failure(p)) for name, p in problems]
     if refusal is not None:
         metrics.append((step_key(refuse_at, "train", "refused"), _refusal_metric(refusal, ONE_VALUE)))
     for s, obs in enumerate(observed):
@@ -86,6 +88,11 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
         key = partial(step_key, s, STEP_KINDS[case.steps[s]])
         metrics += [(key("input"), Metric.failure(p)) for p in obs["input_problems"]]
     result.metrics = dict(metrics)
+
+
+def parameter_grads(case: Case) -> tuple[str, ...]:
+    """The parameter gradients an affine layer of ``case`` has: no grad_bias without a bias (``bias=False``)."""
+    return ("grad_weight", "grad_bias") if case.bias else ("grad_weight",)
 
 
 def seed_generators(seed: int, device: str) -> None:
@@ -195,7 +202,9 @@ def _input_problems(x: torch.Tensor, before: torch.Tensor, y: torch.Tensor) -> l
 
 def run_steps(ctx, case: Case, impl, device: str, data, group, refuse_at: Optional[int] = None
               ) -> tuple[list, list[str]]:
-    """Build this rank's module (or convert the nested model), run every step, return what it produced.
+    """Build this rank's module (or convert the nested model), run every step, return what it produced and the
+    problems of the module itself, as ``(metric name, sentence)`` pairs (what conversion changed; a bias the
+    case has none of).
 
     ``observed[s]`` is None for a step this rank takes no part in. At step ``refuse_at`` (one the oracle
     refuses) only the forward runs, inside ``try``, and the steps end: its entry is ``{"raised": message or
@@ -204,16 +213,22 @@ def run_steps(ctx, case: Case, impl, device: str, data, group, refuse_at: Option
     """
     rank = ctx.rank
     pdtype = DTYPES[case.param_dtype]
-    convert_problems: list[str] = []
+    problems: list[tuple[str, str]] = []
     if case.model == "nested":
-        module, convert_problems = convert_nested(case, impl, group)
+        module, converted = convert_nested(case, impl, group)
+        problems += [(f"convert.{i}", p) for i, p in enumerate(converted)]
     else:
         module = impl.build(case, group, device)
     module = module.to(device=device, dtype=pdtype)
+    has_bias = getattr(module, "bias", None) is not None
+    if case.affine and not case.bias and has_bias:
+        problems.append(("layer.bias", "built with bias=False, the layer has a bias all the same (nn.BatchNorm's "
+                                       "is None); it is left as the layer made it"))
     with torch.no_grad():
         if case.affine:
             module.weight.copy_(data.weight)
-            module.bias.copy_(data.bias)
+            if case.bias:
+                module.bias.copy_(data.bias)
         if case.track_running_stats:
             module.running_mean.copy_(data.running_mean)
             module.running_var.copy_(data.running_var)
@@ -252,7 +267,7 @@ def run_steps(ctx, case: Case, impl, device: str, data, group, refuse_at: Option
             pending = []
         obs["grad_input"] = _cpu(_grad_of(x, leaf, case.input_layout))
         obs["grad_weight"] = _cpu(getattr(module.weight, "grad", None)) if case.affine else None
-        obs["grad_bias"] = _cpu(getattr(module.bias, "grad", None)) if case.affine else None
+        obs["grad_bias"] = _cpu(getattr(module.bias, "grad", None)) if case.affine and has_bias else None
         for name in ("running_mean", "running_var"):
             obs[name] = _cpu(getattr(module, name)) if case.track_running_stats else None
         obs["num_batches_tracked"] = int(module.num_batches_tracked) if case.track_running_stats else None
@@ -262,7 +277,7 @@ def run_steps(ctx, case: Case, impl, device: str, data, group, refuse_at: Option
         if kind != "fwd":
             module.zero_grad(set_to_none=True)
     ctx.mark_step(None)
-    return observed, convert_problems
+    return observed, problems
 
 
 def _try_refused(impl, module, x: torch.Tensor, case: Case) -> dict:

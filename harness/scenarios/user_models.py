@@ -17,7 +17,16 @@ the ranks hold. All keep the input's shape (1x1 convolutions, width ``c``).
 - ``no-running-stats``: ``track_running_stats=False`` (batch statistics in eval);
 - ``nested``: BatchNorms in a ``ModuleList``, a ``ModuleDict`` and nested
   ``Sequential``s, one of them registered at two places and called twice,
-  one carrying a ``qconfig``.
+  one carrying a ``qconfig``;
+- ``no-bias``: a BatchNorm with ``bias=False`` (a weight, no bias) beside one
+  with both;
+- ``other-norms``: InstanceNorm1d, 2d and 3d, GroupNorm and LayerNorm (all
+  affine) beside two BatchNorms, each on its own view of the activations:
+  normalizations of one sample at a time, which a converter must leave as
+  they are.
+
+The last two are :data:`~harness.catalog.case.MORE_CONVERSION_MODELS`, outside
+search's draws.
 """
 
 from __future__ import annotations
@@ -27,9 +36,11 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from harness.catalog.case import CONVERSION_MODELS
+from harness.catalog.case import CONVERSION_MODELS, MORE_CONVERSION_MODELS
 
-MODELS = CONVERSION_MODELS
+MODELS = CONVERSION_MODELS + MORE_CONVERSION_MODELS
+# Normalizations of one sample at a time (no statistics over the batch): a converter leaves them alone.
+OTHER_NORMS = (nn.modules.instancenorm._InstanceNorm, nn.GroupNorm, nn.LayerNorm)
 
 
 class BatchNormAct2d(nn.BatchNorm2d):
@@ -84,6 +95,29 @@ class Nested(nn.Module):
         return self.heads["b"](self.heads["a"](x))
 
 
+class OtherNorms(nn.Module):
+    """InstanceNorm2d, a BatchNorm2d, InstanceNorm1d (over H*W), InstanceNorm3d (depth 1), GroupNorm, LayerNorm
+    (over the channels, channels last) and a BatchNorm2d, after a convolution; the input's shape throughout."""
+
+    def __init__(self, c: int, dtype):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 1, dtype=dtype)
+        self.in2d = nn.InstanceNorm2d(c, affine=True, dtype=dtype)
+        self.bn = nn.BatchNorm2d(c, dtype=dtype)
+        self.in1d = nn.InstanceNorm1d(c, affine=True, dtype=dtype)
+        self.in3d = nn.InstanceNorm3d(c, affine=True, dtype=dtype)
+        self.gn = nn.GroupNorm(2 if c % 2 == 0 else 1, c, dtype=dtype)
+        self.ln = nn.LayerNorm(c, dtype=dtype)
+        self.head = nn.BatchNorm2d(c, dtype=dtype)
+
+    def forward(self, x):
+        x = self.bn(self.in2d(self.conv(x)))
+        x = self.in1d(x.flatten(2)).view_as(x)
+        x = self.in3d(x.unsqueeze(2)).squeeze(2)
+        x = self.ln(self.gn(x).movedim(1, -1)).movedim(-1, 1)
+        return self.head(x)
+
+
 def _seq(c: int, dtype, *norms) -> nn.Sequential:
     layers = []
     for norm in norms:
@@ -106,6 +140,10 @@ def _model(name: str, c: int, dtype) -> nn.Module:
                     nn.BatchNorm2d(c, dtype=dtype))
     if name == "nested":
         return Nested(c, dtype)
+    if name == "no-bias":
+        return _seq(c, dtype, nn.BatchNorm2d(c, bias=False, dtype=dtype), nn.BatchNorm2d(c, dtype=dtype))
+    if name == "other-norms":
+        return OtherNorms(c, dtype)
     raise ValueError(f"unknown conversion model {name!r}: one of {', '.join(MODELS)}")
 
 
@@ -133,6 +171,26 @@ def build(name: str, c: int, seed: int, dtype=torch.float32, param_dtype=torch.f
                 if not isinstance(m.num_batches_tracked, nn.parameter.UninitializedTensorMixin):
                     m.num_batches_tracked.fill_(4)
     return model
+
+
+def unbuildable(name: str):
+    """Why this torch cannot build the model ``name`` (``no-bias`` needs BatchNorm's keyword ``bias``), or None."""
+    import inspect
+
+    if name == "no-bias" and "bias" not in inspect.signature(nn.BatchNorm2d).parameters:
+        return f"torch {torch.__version__}'s BatchNorm2d takes no bias argument (it came with pytorch#176573)"
+    return None
+
+
+def other_norms(model: nn.Module) -> dict[str, nn.Module]:
+    """Every normalization of ``model`` that is not a BatchNorm (:data:`OTHER_NORMS`), by every name it has."""
+    return {n: m for n, m in model.named_modules(remove_duplicate=False) if isinstance(m, OTHER_NORMS)}
+
+
+def norm_depth(model: nn.Module) -> int:
+    """The layers a network budget counts (:func:`harness.judge.network_budget.network_tolerance`): each
+    normalization and the layer before it, and the input."""
+    return 2 * (len(batch_norms(model)) + len(other_norms(model))) + 1
 
 
 def batch_norms(model: nn.Module) -> dict[str, nn.Module]:

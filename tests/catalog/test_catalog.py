@@ -233,3 +233,17 @@ def test_a_rank_removed_leaves_the_others_data_as_it_was():
         assert torch.equal(big.grad_outputs[0][r], small.grad_outputs[0][r - 1])
     with pytest.raises(ValueError, match="one seed per rank"):
         space.make_case(**{**space.parameters(case), "rank_seeds": (1, 2)})
+
+
+def test_a_case_without_bias_has_a_zero_bias_and_otherwise_the_data_of_its_twin_with_one():
+    """bias=False (a weight, no bias) changes only the data's bias, to what the missing bias adds: 0."""
+    from dataclasses import replace
+
+    case = catalog.select(["module-config/bias-off/ws2"])[0]
+    assert not case.bias and case.params()["bias"] is False
+    without, with_bias = materialize(case), materialize(replace(case, bias=True, seed=case.seed))
+    assert bool((without.bias == 0).all()) and not bool((with_bias.bias == 0).all())
+    assert torch.equal(without.weight, with_bias.weight) and torch.equal(without.running_var, with_bias.running_var)
+    assert all(torch.equal(a, b) for sa, sb in zip(without.inputs, with_bias.inputs) for a, b in zip(sa, sb))
+    convert = [c for c in catalog.select(["conversion/*"], exhaustive=True) if "no-bias" in c.id]
+    assert convert and all(not c.bias for c in convert)  # so an implementation without the keyword is unsupported

@@ -24,7 +24,7 @@ PINNED = {
     "activation-checkpoint": (32, 8, "c8fddb5ae4da5cf5"),
     "double-backward": (16, 6, "1a393b5f63afe789"),
     "autocast": (16, 6, "22b2ad77bb4e9674"),
-    "conversion": (52, 26, "5087575ceb45dc5a"),
+    "conversion": (74, 37, "35eafbd95cb81421"),
 }
 
 

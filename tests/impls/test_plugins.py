@@ -84,3 +84,25 @@ def test_entry_point_plugins_are_listed(tmp_path, monkeypatch):
     assert impl.name == "mybn" and impl.key == "mybn"
     impl.check_available()
     assert impl.capabilities.convert  # textbook has convert_sync_batchnorm
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("support_on_path")
+def test_a_layer_without_bias_runs_where_the_constructor_takes_the_keyword_and_is_unsupported_elsewhere():
+    """bias=False: the reference, torch (this build has the keyword) and the textbook SyncBN run it and pass; a
+    plugin whose constructor has no ``bias`` and apex (whatever its state) declare it unsupported, with the reason.
+    """
+    case = catalog.select(["module-config/bias-off/ws2"])[0]
+    assert not case.bias
+    assert "bias=False" in resolve("float32_syncbn:Float32SyncBN").unsupported_reason(case, "cpu")
+    assert not resolve("apex").capabilities.bias_off and not resolve("detectron2").capabilities.bias_off
+    names = ["reference", "torch", "textbook:TextbookSyncBN", "gather:GatherSyncBN"]
+    records = {r.impl: r for r in run_selection([case], resolve_impls(names), RunOptions(timeout=60, diagnose=False))}
+    assert {r.status for r in records.values()} == {Status.PASS, Status.UNSUPPORTED}
+    assert records["gather:GatherSyncBN"].status is Status.UNSUPPORTED
+    assert "bias=False (a weight without a bias)" in records["gather:GatherSyncBN"].message
+    for name in ("reference", "torch", "textbook:TextbookSyncBN"):
+        r = records[name]
+        assert r.status is Status.PASS, (name, r.message)
+        judged = {k.split(".", 2)[-1] for k in r.metrics}
+        assert "train.grad_weight" in judged and "train.grad_bias" not in judged, sorted(judged)

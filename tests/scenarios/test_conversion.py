@@ -37,12 +37,17 @@ def _catchers():
     return converters.CATCHERS
 
 
-@pytest.mark.slow(17)
-def test_the_reference_converter_passes_the_whole_family_checkpoints_included():
+@pytest.mark.slow(25)
+def test_the_reference_converter_passes_the_whole_family_checkpoints_and_reverts_included():
     cases = [c for c in catalog.select(["conversion/*"], exhaustive=True)]
+    from harness.catalog.case import CONVERSION_MODELS, MORE_CONVERSION_MODELS
     from harness.scenarios.checkpoint import MODES
 
-    assert len(cases) == len(user_models.MODELS) * 3 * 2 + len(MODES) * 2 * 2
+    # The first models x 3 layouts x 2 dtypes, the round trips, the later models (other-norms without the empty
+    # layout), the revert cases (3 models x 2 layouts x 2 dtypes).
+    assert len(cases) == (len(CONVERSION_MODELS) * 3 * 2 + len(MODES) * 2 * 2
+                          + len(MORE_CONVERSION_MODELS) * 3 * 2 - 2 + 3 * 2 * 2)
+    assert {c.scenario for c in cases} == {"conversion", "checkpoint", "revert"}
     records = list(run_selection(cases, resolve_impls(["reference"]), RunOptions(timeout=60, diagnose=False)))
     bad = [(r.case, r.message) for r in records if r.status is not Status.PASS]
     assert not bad, bad
@@ -89,7 +94,34 @@ def test_what_torchs_converter_changes_is_said_in_a_sentence():
     for name in user_models.MODELS:
         model = user_models.build(name, 4, seed=1)
         assert conversion_problems(_snapshot(model), SyncBatchNorm.convert_sync_batchnorm(model)) == [], name
+    for name in ("no-bias", "other-norms"):  # torch's converter carries bias=False and leaves the other norms
+        model = user_models.build(name, 4, seed=1)
+        assert conversion_problems(_snapshot(model), torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)) == []
 
+
+def test_a_converter_that_touches_the_other_norms_or_grows_a_bias_is_said_to():
+    """The sentences of conversion_problems for the two later models, on conversions made to go wrong."""
+    from harness.impls.reference import SyncBatchNorm
+
+    model = user_models.build("other-norms", 4, seed=1)
+    before = _snapshot(model)
+    assert set(before["others"]) == {"in2d", "in1d", "in3d", "gn", "ln"}
+    converted = SyncBatchNorm.convert_sync_batchnorm(model)
+    assert conversion_problems(before, converted) == []
+    converted.gn = torch.nn.GroupNorm(2, 4)  # replaced by another module of the same class
+    converted.in1d = SyncBatchNorm(4)  # what a converter matching every _NormBase makes of it
+    problems = conversion_problems(before, converted)
+    assert problems[:2] == ["in1d was InstanceNorm1d, which normalizes each sample alone; it is now SyncBatchNorm",
+                            "gn (GroupNorm) was replaced by another module"], problems
+    assert len(problems) == 6 and all("was copied, not shared" in p for p in problems[2:])
+    model = user_models.build("no-bias", 4, seed=1)
+    before = _snapshot(model)
+    assert model[1].bias is None and model[1].weight is not None
+    converted = SyncBatchNorm.convert_sync_batchnorm(model)
+    assert conversion_problems(before, converted) == [] and converted[1].bias is None
+    converted[1].bias = torch.nn.Parameter(torch.zeros(4))  # the bias a converter written before bias=False keeps
+    assert conversion_problems(before, converted) == [
+        "parameter 1.bias exists after conversion and was None before (bias=False not carried over)"]
 
 def test_timm_is_opt_in_and_says_what_it_needs():
     from harness.errors import ImplUnavailable

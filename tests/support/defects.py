@@ -402,6 +402,28 @@ class IgnoresGroupOnce(TextbookSyncBN):
         return mean, diff_all_reduce((d * d).sum(dims), group=dist.group.WORLD) / n, n
 
 
+class IgnoresBiasFalse(TextbookSyncBN):
+    """Takes the keyword bias=False and keeps a bias all the same (a constructor that predates the keyword's
+    meaning: pytorch#176573 gave BatchNorm a weight without a bias)."""
+
+    def __init__(self, *args, bias=True, **kwargs):
+        super().__init__(*args, **kwargs)
+
+
+class AffineNeedsBias(TextbookSyncBN):
+    """The affine transform applied only when the layer has both a weight and a bias: bias=False drops the weight
+    too (an ``if self.weight is not None and self.bias is not None`` guard)."""
+
+    def forward(self, x):
+        if self.bias is not None or not self.affine:
+            return super().forward(x)
+        self.affine = False  # the textbook's forward then normalizes only
+        try:
+            return super().forward(x)
+        finally:
+            self.affine = True
+
+
 # Collective defects -> (a case that shows it, the status it must get, what the message must name).
 COLLECTIVE_DEFECTS = {
     EvalSyncs: ("module-config/train-eval-train/ws2", "mismatch",
@@ -452,4 +474,6 @@ CATCHERS = {
     RankOrderMerge: (["allgather-shape/uneven-*", "training-loop/*"], "mismatch", "across_ranks"),
     LocalRunningStats: (["ddp/*"], "mismatch", "running_mean"),
     GatherSizeDiffers: (["allgather-shape/uneven-*"], ("crash", "error"), None),
+    IgnoresBiasFalse: (["module-config/bias-off*"], "mismatch", "layer.bias"),
+    AffineNeedsBias: (["module-config/bias-off*"], "mismatch", "train.output"),
 }

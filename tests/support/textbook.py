@@ -21,11 +21,13 @@ class TextbookSyncBN(_BatchNorm):
     """SyncBatchNorm's semantics in ~60 lines of float64 torch."""
 
     # Declared as a plain dict: this file runs where the harness is not installed (repro tests).
-    capabilities = {"convert": True, "script": False}
+    capabilities = {"convert": True, "script": False, "revert": True}
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
-                 process_group=None):
+                 process_group=None, *, bias=True):
         super().__init__(num_features, eps, momentum, affine, track_running_stats)
+        if affine and not bias:  # a weight without a bias, as nn.BatchNorm's bias=False
+            self.bias = None
         self.process_group = process_group
 
     def _check_input_dim(self, input):
@@ -94,7 +96,9 @@ class TextbookSyncBN(_BatchNorm):
         y = self.normalize(x, mean, var)
         if self.affine:
             s = self.shape(x)
-            y = y * self.weight.double().view(s) + self.bias.double().view(s)
+            y = y * self.weight.double().view(s)
+            if self.bias is not None:
+                y = y + self.bias.double().view(s)
         return self.finish(x, y)
 
     def update_running(self, mean, var, n, factor):
@@ -117,3 +121,27 @@ class TextbookSyncBN(_BatchNorm):
         for name, child in module.named_children():
             out.add_module(name, cls.convert_sync_batchnorm(child, process_group))
         return out
+
+    @classmethod
+    def revert_sync_batchnorm(cls, module):
+        """Each layer of this class back to a BatchNorm: a new module over the same tensors, with its flags."""
+        out = module
+        if isinstance(module, cls):
+            out = Reverted(module.num_features, module.eps, module.momentum, module.affine,
+                           module.track_running_stats)
+            for name in ("weight", "bias"):
+                out.register_parameter(name, getattr(module, name))
+            for name in ("running_mean", "running_var", "num_batches_tracked"):
+                out.register_buffer(name, getattr(module, name))
+            out.training = module.training
+        for name, child in module.named_children():
+            out.add_module(name, cls.revert_sync_batchnorm(child))
+        return out
+
+
+class Reverted(_BatchNorm):
+    """BatchNorm of any input of 2 dimensions or more: what the textbook revert makes."""
+
+    def _check_input_dim(self, input):
+        if input.dim() < 2:
+            raise ValueError(f"expected at least 2D input (got {input.dim()}D input)")
