@@ -10,7 +10,10 @@ Catches:
 - the reducer's variants: static graph, unused-parameter search, gradients
   as bucket views, one bucket per parameter, ``no_sync`` accumulation;
 - the seed of this project: apex's SyncBN under DDP crashing in
-  ``all_gather`` between two PyTorch commits (8066fba, b05c342).
+  ``all_gather`` between two PyTorch commits (8066fba, b05c342);
+- SyncBN under DDP over a backend with the list all_gather only (MPI's
+  kind): a flat all_gather refused there (pytorch#85628, the review of
+  pytorch#104250).
 
 Each case trains the network (Conv -> SyncBN -> ReLU -> Conv -> SyncBN ->
 pool -> Linear, or a residual block) for 5 optimizer steps on uneven per-rank
@@ -49,4 +52,6 @@ def cases() -> list[Case]:
     out = [_case(*values, default) for values, default in covering.product(NETWORKS, BUFFERS, REDUCER, EXTRAS)]
     # float64 end to end, three ranks: the same arithmetic with nothing left to rounding.
     out.append(_case(NETWORKS[0], BUFFERS[0], REDUCER[0], EXTRAS[0], True, dtype="float64", batches=(2, 4, 3)))
+    # Over a backend with the list all_gather only (MPI's kind): DDP's own collectives work there, SyncBN's must.
+    out.append(_case(NETWORKS[0], BUFFERS[0], REDUCER[0], EXTRAS[0], True).on_backend("list-contract"))
     return out

@@ -37,7 +37,7 @@ STEP_KINDS = {"train": "train", "fwd": "train", "nograd": "train", "eval": "eval
               "eval-subset": "eval"}
 TRAINING_KINDS = tuple(k for k, mode in STEP_KINDS.items() if mode == "train")  # the step kinds that train
 INPUT_LAYOUTS = ("dense", "permuted", "sliced")
-CASE_BACKENDS = (None, "nccl-contract")  # None: the run's backend
+CASE_BACKENDS = (None, "nccl-contract", "list-contract")  # None: the run's backend
 # The conversion family's user models (harness.scenarios.user_models) and checkpoint round trips
 # (harness.scenarios.checkpoint): named here, so the catalog need not import the scenarios.
 CONVERSION_MODELS = ("bn-act", "lazy", "frozen", "config", "no-running-stats", "nested")
@@ -114,7 +114,8 @@ class Case:
     # Conversion cases: a checkpoint round trip between two phases of the steps (see harness.scenarios.checkpoint).
     checkpoint: Optional[str] = None
     # The process-group backend of this case when it is not the run's: "nccl-contract" runs torch's non-gloo
-    # code path on CPU (see harness.engine.nccl_contract).
+    # code path on CPU (see harness.engine.nccl_contract); "list-contract" a backend with only the list
+    # all_gather, as MPI's (see harness.engine.list_contract).
     backend: Optional[str] = None
     # Run the case's module under torch.compile, and eagerly beside it (see harness.engine.compiled):
     # (backend, *options), e.g. ("aot_eager", "fullgraph"); () runs eagerly only.

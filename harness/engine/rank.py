@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Optional
 
 from harness.catalog.case import Case
-from harness.engine import compiled, nccl_contract
+from harness.engine import compiled, list_contract, nccl_contract
 from harness.engine.collectives import begin_task, forbid_collectives, install_recorder, mark_step, recorded
 from harness.engine.exchange import Exchange
 from harness.engine.messages import RankResult, Task
@@ -313,6 +313,8 @@ def rank_main(rank: int, world_size: int, port: int, conn, log_path: str, parent
         store = dist.TCPStore("127.0.0.1", port, world_size + 1, False, timeout=timedelta(START_TIMEOUT_S))
         if backend == nccl_contract.NAME:
             nccl_contract.register()
+        elif backend == list_contract.LIST_NAME:
+            list_contract.register_list_contract()
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(START_TIMEOUT_S))
         install_recorder(sink=calls_path(log_path))

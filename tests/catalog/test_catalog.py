@@ -84,15 +84,20 @@ def test_matrix_crosses_dtypes_layouts_formats_and_world_sizes():
 
 
 def test_the_second_backend_meets_every_layout_dtype_and_format_by_default():
-    full = [c for c in catalog.select(exhaustive=True) if c.family == "allgather-shape" and c.id.count("/") == 5]
-    assert len(full) == 8 * 6 * 3 and {c.backend for c in full} == {"nccl-contract"}
+    twins = [c for c in catalog.select(exhaustive=True) if c.family == "allgather-shape" and c.id.count("/") == 5]
+    full = [c for c in twins if c.backend == "nccl-contract"]
+    assert len(full) == 8 * 6 * 3 and {c.backend for c in twins} == {"nccl-contract", "list-contract"}
     default = [c for c in full if c.default]
     for i in (1, 2, 3):
         assert {c.id.split("/")[i] for c in default} == {c.id.split("/")[i] for c in full}
     assert len(default) <= 8
+    # The list-only backend has a twin of each of those, all default, and no other.
+    listed = [c for c in twins if c.backend == "list-contract"]
+    assert all(c.default for c in listed)
+    assert sorted(c.id.rsplit("/", 1)[0] for c in listed) == sorted(c.id.rsplit("/", 1)[0] for c in default)
     # Each twin is the same data as a default run-backend case, so a difference between the two is the backend's.
     gloo = {c.id: c for c in catalog.select()}
-    for c in default:
+    for c in default + listed:
         twin = gloo[c.id.rsplit("/", 1)[0]]
         assert twin.seed == c.seed and twin.batch_sizes == c.batch_sizes
 

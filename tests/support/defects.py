@@ -402,6 +402,22 @@ class IgnoresGroupOnce(TextbookSyncBN):
         return mean, diff_all_reduce((d * d).sum(dims), group=dist.group.WORLD) / n, n
 
 
+class FlatGatherOffGloo(TextbookSyncBN):
+    """Gathers the ranks' counts into one flat tensor on every backend not named gloo, as torch's SyncBatchNorm
+    picks its all_gather by the backend's name: a backend with the list all_gather only (MPI's, third-party
+    accelerators': pytorch#85628, the review of pytorch#104250) refuses it."""
+
+    def batch_stats(self, x, dims):
+        group = self.group()
+        ws = dist.get_world_size(group)
+        if ws > 1 and dist.get_backend(group) != "gloo":
+            mine = torch.full((1,), float(x.numel() // x.shape[1]), dtype=torch.float64)
+            counts = torch.empty(ws, dtype=torch.float64)
+            flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # 2.13's name, older
+            flat(counts, mine, group=group)
+        return super().batch_stats(x, dims)
+
+
 # Collective defects -> (a case that shows it, the status it must get, what the message must name).
 COLLECTIVE_DEFECTS = {
     EvalSyncs: ("module-config/train-eval-train/ws2", "mismatch",
@@ -452,4 +468,5 @@ CATCHERS = {
     RankOrderMerge: (["allgather-shape/uneven-*", "training-loop/*"], "mismatch", "across_ranks"),
     LocalRunningStats: (["ddp/*"], "mismatch", "running_mean"),
     GatherSizeDiffers: (["allgather-shape/uneven-*"], ("crash", "error"), None),
+    FlatGatherOffGloo: (["*/list-contract"], "error", "no support for _allgather_base"),
 }
