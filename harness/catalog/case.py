@@ -12,7 +12,9 @@ Per step and rank, the input has shape ``(batch_sizes[r], channels,
 *spatial[r])`` (``step_batch_sizes[s][r]`` when the batch size changes between
 steps) and the upstream gradient the same shape. The gradient is laid out in
 ``grad_memory_format`` (default: the input's), so cases can hand an
-implementation a gradient whose layout differs from its input's.
+implementation a gradient whose layout differs from its input's, and drawn as
+``grad_scale * (grad_mean + N(0, 1))`` (default: plain normals), so cases can
+hand it the scaled gradients of a loss scaler.
 
 Steps (:data:`STEP_KINDS`): ``train`` (forward, backward), ``eval``
 (forward, backward with the running statistics), ``fwd`` (a training forward
@@ -137,6 +139,10 @@ class Case:
     rank_seeds: tuple[int, ...] = ()
     default: bool = True  # in the default selection (else only with --exhaustive)
     note: str = ""
+    # Upstream gradients ~ grad_scale * (grad_mean + N(0, 1)): a loss scaled as GradScaler scales it (2**16 over
+    # the elements a mean divides by), whose gradient has a mean (pytorch#195701). Layer and model scenarios.
+    grad_mean: float = 0.0
+    grad_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if len(self.spatial) != len(self.batch_sizes):
@@ -241,6 +247,8 @@ class Case:
             "compile": list(self.compile),
             "use": self.use,
             "options": list(self.options),
+            "grad_mean": self.grad_mean,
+            "grad_scale": self.grad_scale,
         }
 
     def sizes_at(self, step: int) -> tuple[int, ...]:

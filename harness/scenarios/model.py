@@ -110,9 +110,13 @@ def unsupported_reason(case: Case, impl, device: str, backend: str) -> Optional[
 
 
 def upstream(case: Case, step: int, shapes: list) -> list[torch.Tensor]:
-    """Each rank's gradient of the loss with respect to its output at ``step`` (from the case's seed)."""
+    """Each rank's gradient of the loss with respect to its output at ``step`` (from the case's seed), drawn as
+    ``grad_scale * (grad_mean + N(0, 1))``."""
     gen = torch.Generator().manual_seed(case.seed * 31 + 1000 + step)
-    return [torch.randn(shape, generator=gen, dtype=torch.float64) for shape in shapes]
+    out = [torch.randn(shape, generator=gen, dtype=torch.float64) for shape in shapes]
+    if case.grad_mean != 0.0 or case.grad_scale != 1.0:
+        out = [(g + case.grad_mean) * case.grad_scale for g in out]
+    return out
 
 
 def _optimizer(case: Case, params):

@@ -238,3 +238,16 @@ def test_a_rank_removed_leaves_the_others_data_as_it_was():
         assert torch.equal(big.grad_outputs[0][r], small.grad_outputs[0][r - 1])
     with pytest.raises(ValueError, match="one seed per rank"):
         space.make_case(**{**space.parameters(case), "rank_seeds": (1, 2)})
+
+
+def test_upstream_gradients_are_scaled_and_shifted_as_the_case_says():
+    """``grad_scale * (grad_mean + N(0, 1))``: the same normals, a loss scaler's gradients (pytorch#195701)."""
+    from dataclasses import replace
+
+    plain = Case(id="mixed-precision/probe/ws2", family="mixed-precision", batch_sizes=(2, 3),
+                 spatial=((4, 4),) * 2, dtype="float64", param_dtype="float64")
+    scaled = replace(plain, grad_mean=1.0, grad_scale=64.0)
+    a, b = materialize(plain), materialize(scaled)
+    for ga, gb, xa, xb in zip(a.grad_outputs[0], b.grad_outputs[0], a.inputs[0], b.inputs[0]):
+        assert torch.equal(xa, xb) and torch.equal((ga + 1.0) * 64.0, gb)
+    assert scaled.params()["grad_scale"] == 64.0 and plain.params()["grad_mean"] == 0.0

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.nn.functional import all_reduce as diff_all_reduce
 
+from float32_syncbn import Float32SyncBN
 from gather import GatherSyncBN, _GatherFn
 from textbook import TextbookSyncBN
 
@@ -195,6 +196,18 @@ class HalfAccumulation(TextbookSyncBN):
         d = (x - mean.view(self.shape(x)).to(x.dtype))
         var = self.reduce((d * d).sum(dims, dtype=x.dtype).double()) / n
         return mean, var, n
+
+
+class HalfGradSums(Float32SyncBN):
+    """Its backward's per-channel sums of the gradient rounded to the gradient's dtype when that is half (as
+    torch's contiguous CUDA kernel rounds its partials: pytorch#195701): a loss scaled by 2**16 whose gradient
+    has a mean passes 65,504, inf."""
+
+    def grad_sums(self, dy, dya, xmu):
+        sum_dy, sum_dy_xmu = super().grad_sums(dy, dya, xmu)
+        if dy.dtype in (torch.float16, torch.bfloat16):
+            return sum_dy.to(dy.dtype).to(sum_dy.dtype), sum_dy_xmu.to(dy.dtype).to(sum_dy.dtype)
+        return sum_dy, sum_dy_xmu
 
 
 class DropsChannelTail(TextbookSyncBN):
@@ -457,6 +470,7 @@ CATCHERS = {
     GradWeightAveraged: (["allgather-shape/uneven-*"], "mismatch", "grad_weight"),
     HalfCounts: (["mixed-precision/count-2049/*"], "mismatch", "running_var"),
     HalfAccumulation: (["mixed-precision/half-sum-overflow/*"], "mismatch", "output"),
+    HalfGradSums: (["mixed-precision/scaled-grads*"], "mismatch", "grad_input"),
     DropsChannelTail: (["numerics/channels-67/*", "numerics/channels-130/*", "channels-last/channels-*"], "mismatch",
                        "output"),
     SavesStatsOnModule: (["training-loop/two-forwards/*"], "mismatch", "grad_input"),
