@@ -47,13 +47,14 @@ CHECKPOINT_MODES = ("resume-2-3", "resume-3-2", "revert", "rank0-ddp")
 # Model scenarios: how the network is trained beyond its DDP flags. "frozen-norm": every normalization's affine
 # parameters do not require grad (their statistics still train, as a norm config with requires_grad=False
 # does); "data-input": the network's input does not require grad (data, as users feed it; no input gradient
-# is judged).
-MODEL_OPTIONS = ("frozen-norm", "data-input")
+# is judged); "fsdp2": the network sharded by FSDP2 with mixed precision, the case's dtype the compute dtype
+# (see harness.scenarios.sharded).
+MODEL_OPTIONS = ("frozen-norm", "data-input", "fsdp2")
 # What users do around a network holding SyncBN (model scenario; harness.scenarios.uses explains each): the
 # one place the names are spelled. Activation checkpointing around every SyncBN layer or around the whole
 # network, with use_reentrant=False or True; the other uses stand alone.
 CHECKPOINT_USES = ("checkpoint-layer", "checkpoint-layer-reentrant", "checkpoint-block", "checkpoint-block-reentrant")
-USES = CHECKPOINT_USES + ("double-backward", "autocast", "script", "join")
+USES = CHECKPOINT_USES + ("double-backward", "autocast", "script", "join", "autocast-grad-scaler")
 # torch.compile of the case's module: a backend, then optionally "fullgraph" and "dynamic" (dynamic=True)
 COMPILE_BACKENDS = ("eager", "aot_eager", "inductor")
 COMPILE_OPTIONS = ("fullgraph", "dynamic")
