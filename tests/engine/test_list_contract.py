@@ -16,7 +16,7 @@ from harness.engine.list_contract import LIST_NAME
 from harness.judge.invariants import bits
 
 
-@pytest.mark.slow(12)
+@pytest.mark.slow
 def test_every_list_collective_is_bitwise_gloo_and_every_flat_gather_is_refused():
     gloo = collective_ranks.run(2, "gloo")
     listed = collective_ranks.run(2, LIST_NAME)
@@ -32,7 +32,7 @@ def test_every_list_collective_is_bitwise_gloo_and_every_flat_gather_is_refused(
             assert bits(g[key]) == bits(c[key]), f"rank {rank}: {key} differs between gloo and {LIST_NAME}"
 
 
-@pytest.mark.slow(8)
+@pytest.mark.slow(26)
 @pytest.mark.usefixtures("support_on_path")
 def test_a_list_gathering_syncbn_passes_where_torch_and_a_flat_gathering_one_raise():
     from harness import catalog
