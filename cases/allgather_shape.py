@@ -27,7 +27,8 @@ with every dtype combination, memory format and process-group backend (the
 run's, and nccl-contract: torch's non-gloo code path on CPU); the default
 selection is a pairwise covering subset of it (harness.covering),
 ``--exhaustive`` the full product. The nccl-contract twins of the default
-selection have list-contract twins too (the same data), all default.
+selection have list-contract twins too (the same data), those of two ranks
+default.
 """
 
 from harness.catalog.case import Case
@@ -92,14 +93,15 @@ def matrix() -> list[Case]:
 
 
 # A backend with the list all_gather only (see harness.engine.list_contract): twins of the default nccl-contract rows,
-# so it meets every layout, dtype combination and memory format.
+# so it meets every layout, dtype combination and memory format; by default those of two ranks, which share one pool
+# of rank processes (each world size and backend starts its own).
 LIST_ONLY = "list-contract"
 
 
 def cases() -> list[Case]:
     grid = matrix()
     gloo = {c.id: c for c in grid if c.backend is None}
-    twins = [gloo[c.id.rsplit("/", 1)[0]].on_backend(LIST_ONLY, default=True) for c in grid
+    twins = [gloo[c.id.rsplit("/", 1)[0]].on_backend(LIST_ONLY, default=c.world_size == 2) for c in grid
              if c.backend == BACKENDS[1] and c.default]
     return grid + twins + [
         Case(id=f"{FAMILY}/spatial-differs/ws2", family=FAMILY, batch_sizes=(3, 3), spatial=((4, 3), (2, 5))),

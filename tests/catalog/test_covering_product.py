@@ -25,7 +25,7 @@ PINNED = {
     "double-backward": (16, 6, "1a393b5f63afe789"),
     "autocast": (19, 8, "a24609c15baa4ffa"),
     "conversion": (52, 26, "5087575ceb45dc5a"),
-    "fsdp": (12, 2, "09008a2dfc54ba4d"),
+    "fsdp": (12, 2, "e4f54ec054c745ea"),
 }
 
 
