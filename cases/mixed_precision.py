@@ -16,7 +16,12 @@ Catches:
 - half input with float32 parameters and no running statistics, where no
   running_mean's dtype decides the counts' dtype (torch's CUDA gather then
   dispatches on the half input and refuses float32 counts; nn.BatchNorm
-  accepts the same layer).
+  accepts the same layer);
+- backward sums of half gradients scaled as GradScaler scales them (2**16
+  over a mean of 1024 values, with a mean) rounded to half: torch's
+  contiguous batch_norm_backward_reduce rounds its partial sums to the input
+  dtype and they pass 65,504 (pytorch#195701, fixed by pytorch#196125); the
+  channels-last and bfloat16 twins do not overflow.
 """
 
 from harness.catalog.case import Case
