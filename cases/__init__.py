@@ -15,6 +15,7 @@ FAMILY_MODULES = (
     "degenerate",
     "training_loop",
     "ddp",
+    "fsdp",
     "validation",
     "activation_checkpoint",
     "double_backward",

@@ -16,13 +16,19 @@ Catches:
 - one sample per rank rejected although the global batch is larger
   (pytorch#36865, apex#262);
 - different spatial sizes per rank (a count taken from N instead of N*H*W,
-  pytorch#22192).
+  pytorch#22192);
+- a flat all_gather (``all_gather_into_tensor``) on a backend that has only
+  the list one, as MPI's and some third-party accelerators' groups
+  (pytorch#85628; the review of pytorch#104250, where torch's SyncBatchNorm
+  took the flat gather on every backend not named gloo): list-contract twins.
 
 The generated matrix crosses every batch layout below (world sizes 2, 3 and 4)
 with every dtype combination, memory format and process-group backend (the
 run's, and nccl-contract: torch's non-gloo code path on CPU); the default
 selection is a pairwise covering subset of it (harness.covering),
-``--exhaustive`` the full product.
+``--exhaustive`` the full product. The nccl-contract twins of the default
+selection have list-contract twins too (the same data), those of two ranks
+default.
 """
 
 from harness.catalog.case import Case
@@ -86,8 +92,18 @@ def matrix() -> list[Case]:
     return out
 
 
+# A backend with the list all_gather only (see harness.engine.list_contract): twins of the default nccl-contract rows,
+# so it meets every layout, dtype combination and memory format; by default those of two ranks, which share one pool
+# of rank processes (each world size and backend starts its own).
+LIST_ONLY = "list-contract"
+
+
 def cases() -> list[Case]:
-    return matrix() + [
+    grid = matrix()
+    gloo = {c.id: c for c in grid if c.backend is None}
+    twins = [gloo[c.id.rsplit("/", 1)[0]].on_backend(LIST_ONLY, default=c.world_size == 2) for c in grid
+             if c.backend == BACKENDS[1] and c.default]
+    return grid + twins + [
         Case(id=f"{FAMILY}/spatial-differs/ws2", family=FAMILY, batch_sizes=(3, 3), spatial=((4, 3), (2, 5))),
         Case(id=f"{FAMILY}/spatial-differs-empty/ws3", family=FAMILY, batch_sizes=(2, 0, 1),
              spatial=((5, 1), (3, 3), (2, 7))),

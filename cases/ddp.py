@@ -10,7 +10,10 @@ Catches:
 - the reducer's variants: static graph, unused-parameter search, gradients
   as bucket views, one bucket per parameter, ``no_sync`` accumulation;
 - the seed of this project: apex's SyncBN under DDP crashing in
-  ``all_gather`` between two PyTorch commits (8066fba, b05c342).
+  ``all_gather`` between two PyTorch commits (8066fba, b05c342);
+- SyncBN under DDP over a backend with the list all_gather only (MPI's
+  kind): a flat all_gather refused there (pytorch#85628, the review of
+  pytorch#104250).
 
 Each case trains the network (Conv -> SyncBN -> ReLU -> Conv -> SyncBN ->
 pool -> Linear, or a residual block) for 5 optimizer steps on uneven per-rank
@@ -20,6 +23,8 @@ buffers, the all-reduced gradients); those must also be bitwise the same on
 every rank. The default selection is a pairwise covering subset of the
 flags' product; ``--exhaustive`` runs all of it.
 """
+
+import dataclasses
 
 from harness.catalog.case import Case
 from harness.catalog import covering
@@ -45,8 +50,26 @@ def _case(net, buffers, reducer, extra, default, dtype="float32", batches=(3, 5)
                 default=default)
 
 
+TWO_FORWARDS_DEFAULT = (("broadcast_buffers=True", "default"), ("broadcast_buffers=False", "static_graph"))
+
+
+def _two_forwards(buffers, reducer, default) -> Case:
+    """The first network under DDP, each optimizer step two forwards then one backward of both losses."""
+    base = _case(NETWORKS[0], buffers, reducer, "plain", default)
+    name = "-".join(f.replace("=", "-").replace("_", "-") for f in (buffers, reducer)) + "-two-forwards"
+    return dataclasses.replace(base, id=f"{FAMILY}/cnn-sgd/{name}/float32/ws2", seed=-1,
+                               steps=("fwd", "train") * STEPS + ("eval",))
+
+
 def cases() -> list[Case]:
     out = [_case(*values, default) for values, default in covering.product(NETWORKS, BUFFERS, REDUCER, EXTRAS)]
     # float64 end to end, three ranks: the same arithmetic with nothing left to rounding.
     out.append(_case(NETWORKS[0], BUFFERS[0], REDUCER[0], EXTRAS[0], True, dtype="float64", batches=(2, 4, 3)))
+    # Two forwards (a fwd step, then a train step) before one backward of the sum, as GAN discriminators train
+    # (pytorch#175024): DDP's buffer broadcast runs before each forward. Every buffer and reducer option, the
+    # first network; two by default.
+    for values, _ in covering.product(BUFFERS, REDUCER):
+        out.append(_two_forwards(*values, default=values in TWO_FORWARDS_DEFAULT))
+    # Over a backend with the list all_gather only (MPI's kind): DDP's own collectives work there, SyncBN's must.
+    out.append(_case(NETWORKS[0], BUFFERS[0], REDUCER[0], EXTRAS[0], True).on_backend("list-contract"))
     return out

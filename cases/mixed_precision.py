@@ -16,7 +16,12 @@ Catches:
 - half input with float32 parameters and no running statistics, where no
   running_mean's dtype decides the counts' dtype (torch's CUDA gather then
   dispatches on the half input and refuses float32 counts; nn.BatchNorm
-  accepts the same layer).
+  accepts the same layer);
+- backward sums of half gradients scaled as GradScaler scales them (2**16
+  over a mean of 1024 values, with a mean) rounded to half: torch's
+  contiguous batch_norm_backward_reduce rounds its partial sums to the input
+  dtype and they pass 65,504 (pytorch#195701, fixed by pytorch#196125); the
+  channels-last and bfloat16 twins do not overflow.
 """
 
 from harness.catalog.case import Case
@@ -47,6 +52,12 @@ def cases() -> list[Case]:
         _case("steps-train-eval", "bfloat16", "float32", steps=("train", "train", "eval")),
         _case("no-running-stats", "float16", "float32", track_running_stats=False),
         _case("no-running-stats", "bfloat16", "float32", track_running_stats=False),
+        # A loss scaled by 2**16 (GradScaler's initial scale) and averaged over 1024 values: upstream gradients
+        # of about 64 with a mean, 2048 per channel and rank, whose sums pass 65,504 (well inside float32).
+        _case("scaled-grads", "float16", "float32", batch_sizes=(8, 8), spatial=(16, 16), channels=2, **SCALED),
+        _case("scaled-grads-channels-last", "float16", "float32", batch_sizes=(8, 8), spatial=(16, 16), channels=2,
+              memory_format="channels_last", **SCALED),
+        _case("scaled-grads", "bfloat16", "float32", batch_sizes=(8, 8), spatial=(16, 16), channels=2, **SCALED),
     ]
     # torch's non-gloo code path (nccl-contract on CPU): the same cases; the uneven and empty-rank half ones by
     # default, where the flat all_gather's operands differ most between ranks.
@@ -54,5 +65,6 @@ def cases() -> list[Case]:
     return out
 
 
+SCALED = {"grad_mean": 1.0, "grad_scale": 2.0**16 / 1024}
 NON_GLOO_DEFAULT = (f"{FAMILY}/uneven/float16-float32/ws2", f"{FAMILY}/empty-rank/float16-float32/ws2",
                     f"{FAMILY}/count-2049/float16-float16/ws2")

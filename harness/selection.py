@@ -23,7 +23,7 @@ from harness.errors import UsageError
 
 DEFAULT_TIMEOUT_S = 120.0
 DEVICES = ("cpu", "cuda")
-BACKENDS = ("gloo", "nccl", "nccl-contract")
+BACKENDS = ("gloo", "nccl", "nccl-contract", "list-contract")
 
 
 @dataclass

@@ -12,7 +12,9 @@ Per step and rank, the input has shape ``(batch_sizes[r], channels,
 *spatial[r])`` (``step_batch_sizes[s][r]`` when the batch size changes between
 steps) and the upstream gradient the same shape. The gradient is laid out in
 ``grad_memory_format`` (default: the input's), so cases can hand an
-implementation a gradient whose layout differs from its input's.
+implementation a gradient whose layout differs from its input's, and drawn as
+``grad_scale * (grad_mean + N(0, 1))`` (default: plain normals), so cases can
+hand it the scaled gradients of a loss scaler.
 
 Steps (:data:`STEP_KINDS`): ``train`` (forward, backward), ``eval``
 (forward, backward with the running statistics), ``fwd`` (a training forward
@@ -37,7 +39,7 @@ STEP_KINDS = {"train": "train", "fwd": "train", "nograd": "train", "eval": "eval
               "eval-subset": "eval"}
 TRAINING_KINDS = tuple(k for k, mode in STEP_KINDS.items() if mode == "train")  # the step kinds that train
 INPUT_LAYOUTS = ("dense", "permuted", "sliced")
-CASE_BACKENDS = (None, "nccl-contract")  # None: the run's backend
+CASE_BACKENDS = (None, "nccl-contract", "list-contract")  # None: the run's backend
 # The conversion family's user models (harness.scenarios.user_models) and checkpoint round trips
 # (harness.scenarios.checkpoint): named here, so the catalog need not import the scenarios.
 CONVERSION_MODELS = ("bn-act", "lazy", "frozen", "config", "no-running-stats", "nested")
@@ -48,13 +50,14 @@ MORE_CONVERSION_MODELS = ("no-bias", "other-norms")
 # Model scenarios: how the network is trained beyond its DDP flags. "frozen-norm": every normalization's affine
 # parameters do not require grad (their statistics still train, as a norm config with requires_grad=False
 # does); "data-input": the network's input does not require grad (data, as users feed it; no input gradient
-# is judged).
-MODEL_OPTIONS = ("frozen-norm", "data-input")
+# is judged); "fsdp2": the network sharded by FSDP2 with mixed precision, the case's dtype the compute dtype
+# (see harness.scenarios.sharded).
+MODEL_OPTIONS = ("frozen-norm", "data-input", "fsdp2")
 # What users do around a network holding SyncBN (model scenario; harness.scenarios.uses explains each): the
 # one place the names are spelled. Activation checkpointing around every SyncBN layer or around the whole
 # network, with use_reentrant=False or True; the other uses stand alone.
 CHECKPOINT_USES = ("checkpoint-layer", "checkpoint-layer-reentrant", "checkpoint-block", "checkpoint-block-reentrant")
-USES = CHECKPOINT_USES + ("double-backward", "autocast", "script", "join")
+USES = CHECKPOINT_USES + ("double-backward", "autocast", "script", "join", "autocast-grad-scaler")
 # torch.compile of the case's module: a backend, then optionally "fullgraph" and "dynamic" (dynamic=True)
 COMPILE_BACKENDS = ("eager", "aot_eager", "inductor")
 COMPILE_OPTIONS = ("fullgraph", "dynamic")
@@ -117,7 +120,8 @@ class Case:
     # Conversion cases: a checkpoint round trip between two phases of the steps (see harness.scenarios.checkpoint).
     checkpoint: Optional[str] = None
     # The process-group backend of this case when it is not the run's: "nccl-contract" runs torch's non-gloo
-    # code path on CPU (see harness.engine.nccl_contract).
+    # code path on CPU (see harness.engine.nccl_contract); "list-contract" a backend with only the list
+    # all_gather, as MPI's (see harness.engine.list_contract).
     backend: Optional[str] = None
     # Run the case's module under torch.compile, and eagerly beside it (see harness.engine.compiled):
     # (backend, *options), e.g. ("aot_eager", "fullgraph"); () runs eagerly only.
@@ -142,6 +146,10 @@ class Case:
     # False: the layer has a weight and no bias (BatchNorm's keyword ``bias``, pytorch#176573): bias None, no bias
     # gradient; its data's bias is 0, what the missing bias adds.
     bias: bool = True
+    # Upstream gradients ~ grad_scale * (grad_mean + N(0, 1)): a loss scaled as GradScaler scales it (2**16 over
+    # the elements a mean divides by), whose gradient has a mean (pytorch#195701). Layer and model scenarios.
+    grad_mean: float = 0.0
+    grad_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if len(self.spatial) != len(self.batch_sizes):
@@ -247,6 +255,8 @@ class Case:
             "use": self.use,
             "options": list(self.options),
             "bias": self.bias,
+            "grad_mean": self.grad_mean,
+            "grad_scale": self.grad_scale,
         }
 
     def sizes_at(self, step: int) -> tuple[int, ...]:

@@ -92,6 +92,8 @@ def materialize(case: Case, ranks: Optional[Sequence[int]] = None) -> CaseData:
                     v[:, c] = case.input_mean + case.input_scale * float(chan_off[c])
                 x[a:e].copy_(v)
             g = torch.randn(shape, generator=gens[r], dtype=normals)
+            if case.grad_mean != 0.0 or case.grad_scale != 1.0:  # plain normals stay bitwise as they were drawn
+                g = (g.to(torch.float64) + case.grad_mean) * case.grad_scale
             xs.append(x)
             gs.append(_cast(g, dtype, gfmt))
         inputs.append(xs)

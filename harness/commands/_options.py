@@ -36,7 +36,8 @@ def selection_options(fn=None, *, timeout: bool = True):
                      help="Default: cuda if torch sees a GPU, else cpu."),
         click.option("--backend", type=click.Choice(BACKENDS), default=None,
                      help="Process-group backend. Default: nccl on cuda, gloo on cpu. nccl-contract (cpu): "
-                          "NCCL's collective contract over gloo, so torch takes its non-gloo code path."),
+                          "NCCL's collective contract over gloo, so torch takes its non-gloo code path; list-contract "
+                          "(cpu): a backend with the list all_gather only, as MPI's."),
         click.option("--world-size", "world_sizes", type=click.IntRange(min=1), multiple=True,
                      help="Only cases of this world size (repeatable)."),
         click.option("--scenario", "scenarios", multiple=True, metavar="NAME",

@@ -59,8 +59,9 @@ def search(selection, store_dir, systems, budget, max_cases, seed, save, out, sh
     Cases are drawn by hypothesis over every parameter of the layer families (splits with empty ranks,
     subgroups, dtypes, layouts, step sequences, hostile inputs, sizes up to real networks') and run on warm
     pools. --system draws training systems instead or beside (repeatable): model, ddp, compile, conversion,
-    validation, activation-checkpoint, double-backward, autocast, script, join; all for all of them but
-    join (whose expected failure is a 15 s hang); layer for the layer cases (the default). Findings go to the
+    validation, activation-checkpoint, double-backward, autocast, script, join, autocast-grad-scaler, fsdp2;
+    all for all of them but join (whose expected failure is a 15 s hang); layer for the layer cases (the
+    default). Findings go to the
     store (the original and the minimal case's records) and to --out. Exit 0 when nothing new was found (known
     issues do not count), 1 on a new finding, 2 on a usage error, 3 when the harness could not work.
     """

@@ -11,6 +11,7 @@
   and what ranks would import, preloaded);
 - :mod:`~harness.engine.collectives`: every collective a rank issues, recorded in order;
 - :mod:`~harness.engine.nccl_contract`: a CPU backend with NCCL's contract over gloo's transport;
+- :mod:`~harness.engine.list_contract`: one with the list all_gather only, as MPI's (no flat all_gather);
 - :mod:`~harness.engine.compiled`: a case's scenario under ``torch.compile``, beside it run eagerly;
 - :mod:`~harness.engine.diagnosis`: a crash or hang run once more with collective debugging;
 - :mod:`~harness.engine.logs`: rank logs kept (bounded) for failing cases only;

@@ -148,6 +148,9 @@ class DynamoLog:
         contract = sys.modules.get("harness.engine.nccl_contract")  # loaded where an nccl-contract group exists
         if contract is not None:
             contract.hide_from_dynamo()
+        list_only = sys.modules.get("harness.engine.list_contract")  # and where a list-contract group exists
+        if list_only is not None:
+            list_only.hide_list_group_from_dynamo()
         torch._dynamo.reset()
         from torch._dynamo import utils
 

@@ -44,8 +44,9 @@ from pathlib import Path
 from typing import Optional
 
 from harness.catalog.case import Case
-from harness.engine import compiled, nccl_contract
-from harness.engine.collectives import begin_task, forbid_collectives, install_recorder, mark_step, recorded
+from harness.engine import compiled, list_contract, nccl_contract
+from harness.engine.collectives import (begin_task, forbid_collectives, install_recorder, mark_step, recorded,
+                                       suspended)
 from harness.engine.exchange import Exchange
 from harness.engine.messages import RankResult, Task
 from harness.errors import EXIT_PARENT_GONE
@@ -85,6 +86,12 @@ class RankContext:
     def forbid_collectives(self, why: str):
         """A context in which any collective raises (``why`` names the step that must not communicate)."""
         return forbid_collectives(why)
+
+    def unrecorded(self):
+        """A context for the training system's own communication (FSDP2's parameter all-gathers and gradient
+        reduce-scatters), not the implementation's: torch's own functions, neither recorded nor forbidden, as
+        DDP's C++ communication is not."""
+        return suspended()
 
     def process_group(self, case):
         """The process group of this rank for ``case`` (None: the default group)."""
@@ -313,6 +320,8 @@ def rank_main(rank: int, world_size: int, port: int, conn, log_path: str, parent
         store = dist.TCPStore("127.0.0.1", port, world_size + 1, False, timeout=timedelta(START_TIMEOUT_S))
         if backend == nccl_contract.NAME:
             nccl_contract.register()
+        elif backend == list_contract.LIST_NAME:
+            list_contract.register_list_contract()
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
                                 timeout=timedelta(START_TIMEOUT_S))
         install_recorder(sink=calls_path(log_path))

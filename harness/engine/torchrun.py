@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from harness.engine import admission, assemble, logs, nccl_contract
+from harness.engine import admission, assemble, list_contract, logs, nccl_contract
 from harness.engine.attribution import stacks_now
 from harness.engine.collectives import begin_task, install_recorder
 from harness.engine.rank import RankContext, run_task, timedelta, use_inductor_cache
@@ -92,6 +92,8 @@ class Job:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         if self.opts.resolved_backend == nccl_contract.NAME:
             nccl_contract.register()
+        elif self.opts.resolved_backend == list_contract.LIST_NAME:
+            list_contract.register_list_contract()
         use_inductor_cache()
         dist.init_process_group(self.opts.resolved_backend, init_method="env://",
                                 timeout=timedelta(self.opts.timeout + 60))

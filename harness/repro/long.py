@@ -64,6 +64,7 @@ PARTS = (
     ("harness.judge.desync", None),
     ("harness.judge.verdict", ("rank_verdict",)),
     ("harness.engine.nccl_contract", None),
+    ("harness.engine.list_contract", None),
     ("harness.engine.compiled", None),
     ("harness.engine.exchange", None),
     ("harness.engine.rank", ("RankContext", "run_task")),

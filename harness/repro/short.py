@@ -91,6 +91,7 @@ def unexpressible(case: Case, impl) -> Optional[str]:
     reasons = [(bool(case.compile), "torch.compile"), (case.backend is not None, f"the {case.backend} backend"),
                (case.input_layout != "dense", f"a {case.input_layout} input view"),
                (len({tuple(sp) for sp in case.spatial}) > 1, "spatial sizes that differ between ranks"),
+               (case.grad_mean != 0.0 or case.grad_scale != 1.0, "upstream gradients scaled or shifted"),
                (any(k not in FILE_STEPS for k in case.steps), "two forwards before one backward ('fwd' steps)"),
                (impl.name == "apex" and case.memory_format != "contiguous", "apex's channels-last layer"),
                (not case.bias, "a layer without bias (bias=False)")]

@@ -29,6 +29,7 @@ import torch
 
 from harness.catalog.case import Case
 from harness.engine.collectives import install_recorder
+from harness.engine.list_contract import LIST_NAME, register_list_contract
 from harness.engine.nccl_contract import NAME, register
 from harness.engine.messages import RankResult, Task
 from harness.engine.rank import RankContext, run_task
@@ -139,6 +140,8 @@ def _rank_entry(rank: int, world_size: int, port: int, outdir: str) -> None:
     store = dist.TCPStore("127.0.0.1", port, world_size + 1, False, timeout=timeout)
     if BACKEND == NAME:
         register()
+    elif BACKEND == LIST_NAME:
+        register_list_contract()
     dist.init_process_group(BACKEND, store=store, rank=rank, world_size=world_size, timeout=timeout)
     try:
         result = one_rank(rank, world_size)
@@ -206,6 +209,8 @@ def torchrun_rank() -> tuple[list[RankResult], int]:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if BACKEND == NAME:
         register()
+    elif BACKEND == LIST_NAME:
+        register_list_contract()
     dist.init_process_group(BACKEND, timeout=datetime.timedelta(seconds=TIMEOUT_S))
     rank = dist.get_rank()
     result = one_rank(rank, ws)

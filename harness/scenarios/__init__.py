@@ -16,8 +16,9 @@ and may have a third, asked in the parent before any rank runs the case:
   records are ``unsupported`` with that reason (:func:`unsupported_reason`).
 
 - :mod:`~harness.scenarios.layer`: one SyncBN layer (or a converted nested model's layer), step by step;
-- :mod:`~harness.scenarios.model`: SyncBN inside a small network, optionally under DDP and an optimizer
-  (the networks and their float64 oracle in :mod:`~harness.scenarios.networks`);
+- :mod:`~harness.scenarios.model`: SyncBN inside a small network, optionally under DDP or FSDP2 and an optimizer
+  (the networks in :mod:`~harness.scenarios.networks`, their float64 side stepped in lockstep in
+  :mod:`~harness.scenarios.network_oracle`, FSDP2's sharding in :mod:`~harness.scenarios.sharded`);
 - :mod:`~harness.scenarios.conversion`: a user's model converted by the implementation, judged by the unconverted
   model in float64 (the models in :mod:`~harness.scenarios.user_models`);
 - :mod:`~harness.scenarios.checkpoint`: a converted model's checkpoint resumed at another world size, reverted to
@@ -26,7 +27,7 @@ and may have a third, asked in the parent before any rank runs the case:
   own revert, judged as the BatchNorm model it must be;
 - :mod:`~harness.scenarios.cuda_graph`: a training step captured in a CUDA graph, replayed step by step;
 - :mod:`~harness.scenarios.uses`: what users do around the model scenario's network (activation checkpointing,
-  a gradient penalty, autocast, TorchScript, DDP's join), a ``Use`` class each;
+  a gradient penalty, autocast, autocast with a GradScaler, TorchScript, DDP's join), a ``Use`` class each;
 - :mod:`~harness.scenarios.across`: what a rank sends for the checks across ranks, and the bitwise check they
   share;
 - :mod:`~harness.scenarios.prepared`: a rank's inputs and truths of a case, kept for the next implementation.

@@ -1,15 +1,20 @@
-"""The model scenario: SyncBN inside a small network, optionally under DistributedDataParallel and an optimizer.
+"""The model scenario: SyncBN inside a small network, optionally under DDP or FSDP2 and an optimizer.
 
 Per rank: the network of ``case.model`` (:mod:`harness.scenarios.networks`)
 with the implementation's layers, initialized from the case's seed (or, with
 the ``checkpoint-rank0`` flag, a checkpoint loaded on rank 0 only: DDP's init
 sync or nothing must make the other ranks agree), wrapped in
-``DistributedDataParallel`` when ``case.ddp`` is not empty, trained with
+``DistributedDataParallel`` when ``case.ddp`` is not empty or sharded by FSDP2
+under an ``fsdp2`` option (:mod:`harness.scenarios.sharded`), trained with
 ``case.optimizer`` (SGD with momentum, or Adam) on the case's per-rank batches.
-In lockstep, every rank computes the float64 oracle: the same network with
-batch normalization over the global batch, in one process, with the same loss
-(each rank's output times its upstream gradient) and DDP's averaging of the
-gradients.
+In lockstep, every rank computes the float64 oracle
+(:mod:`harness.scenarios.network_oracle`): the same network with batch
+normalization over the global batch, in one process, with the same loss (each
+rank's output times its upstream gradient) and DDP's (FSDP2's) averaging of
+the gradients. A ``fwd`` step is a training forward whose backward comes with
+the next ``train`` step, of the sum of both losses (two forwards, one backward,
+as GAN discriminators train: pytorch#175024 under DDP); its input gradient is
+judged then.
 
 After every step the rank compares its output and input gradient, and after
 every optimizer step (or, without DDP, every backward) its gradients (DDP's
@@ -28,12 +33,14 @@ with defaults. ``checkpoint-rank0`` is a condition of DDP's construction
 (its broadcast from rank 0 must make the ranks agree), not a use: it stays
 among the flags. Options (``case.options``): ``frozen-norm`` (the
 normalizations' affine parameters do not train, their statistics do),
-``data-input`` (the input does not require grad). Uses (``case.use``): a
-:class:`harness.scenarios.uses.Use`, asked for once per rank.
+``data-input`` (the input does not require grad), ``fsdp2`` (FSDP2 with
+mixed precision). Uses (``case.use``): a
+:class:`harness.scenarios.uses.Use`, asked for once per rank; it also runs the
+backward and the optimizer step (a loss scaler's).
 
-A rank's training is :class:`Training` (the network, its DDP wrapper, the
-optimizer and the oracle, built once); each step is its forward, the
-optimizer step, and the judgement of what they left, one method each.
+A rank's training is :class:`Training` (the network, its DDP or FSDP2
+wrapper, the optimizer and the oracle, built once); each step is its forward,
+the backward, the optimizer step, and the judgement of what they left.
 """
 
 from __future__ import annotations
@@ -52,10 +59,9 @@ from harness.judge.invariants import bits
 from harness.judge.metric import Metric
 from harness.judge.metric_key import step_key
 from harness.judge.network_budget import network_tolerance
-from harness.scenarios import networks, uses
+from harness.scenarios import networks, sharded, uses
 from harness.scenarios.across import Across, judge_bitwise, of_results
-
-LR = 0.05
+from harness.scenarios.network_oracle import Oracle, Truth, optimizer_of, upstream
 # The DDP flags that are a constructor argument, and the argument they set.
 DDP_ARGUMENTS = {"broadcast_buffers=False": ("broadcast_buffers", False),
                  "forward_sync_buffers=False": ("forward_sync_buffers", False),
@@ -97,10 +103,21 @@ class DdpOptions:
 
 
 def unsupported_reason(case: Case, impl, device: str, backend: str) -> Optional[str]:
-    """Why this build cannot run the case (a DDP flag it lacks, a flag the harness does not know)."""
+    """Why this build cannot run the case (a DDP flag it lacks, a flag the harness does not know, FSDP2 or a use
+    that needs what the case lacks, two forwards with what cannot take them)."""
     ddp = DdpOptions.parse(case.ddp)
     if ddp.unknown:
         return f"unknown DDP flags {list(ddp.unknown)}"
+    use = uses.of(case)
+    if use.needs_optimizer() and case.optimizer is None:
+        return f"{case.use} steps an optimizer: the case names none"
+    if case.optimizer and not (ddp.on or sharded.fsdp2_of(case)):
+        return "an optimizer without DDP or FSDP2 steps each rank's network on its own gradients: they part"
+    if "fwd" in case.steps and (ddp.accumulation > 1 or case.use in ("join", "double-backward")):
+        return "two forwards before one backward ('fwd' steps) with no_sync accumulation, join or a penalty"
+    reason = sharded.fsdp2_unsupported(case)
+    if reason:
+        return reason
     if "forward_sync_buffers" in dict(ddp.arguments):
         from torch.nn.parallel import DistributedDataParallel
 
@@ -109,87 +126,8 @@ def unsupported_reason(case: Case, impl, device: str, backend: str) -> Optional[
     return None
 
 
-def upstream(case: Case, step: int, shapes: list) -> list[torch.Tensor]:
-    """Each rank's gradient of the loss with respect to its output at ``step`` (from the case's seed)."""
-    gen = torch.Generator().manual_seed(case.seed * 31 + 1000 + step)
-    return [torch.randn(shape, generator=gen, dtype=torch.float64) for shape in shapes]
-
-
-def _optimizer(case: Case, params):
-    if case.optimizer == "adam":
-        return torch.optim.Adam(params, lr=LR / 10)
-    if case.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=LR, momentum=0.9)
-    return None
-
-
-def frozen_names(case: Case, layers) -> set:
-    """The parameters that do not train: every normalization's weight and bias under ``frozen-norm``."""
-    if "frozen-norm" not in case.options:
-        return set()
-    return {f"{layer[1]}.{w}" for layer in layers if layer[0] == "bn" for w in ("weight", "bias")}
-
-
-class Oracle:
-    """The float64 network over the global batch, stepped in lockstep with the ranks."""
-
-    def __init__(self, case: Case, layers, state: dict, use: uses.Use):
-        self.case, self.layers, self.use = case, layers, use
-        self.names = networks.parameter_names(layers)
-        self.frozen = frozen_names(case, layers)
-        pdtype = DTYPES[case.param_dtype]
-        # Start from what the ranks hold: the parameters rounded to their dtype.
-        self.params = {n: state[n].to(pdtype).double().requires_grad_(n not in self.frozen) for n in self.names}
-        self.buffers = {n: (v.to(pdtype).double() if v.is_floating_point() else v.clone())
-                        for n, v in state.items() if n not in self.names}
-        self.opt = _optimizer(case, [p for p in self.params.values() if p.requires_grad])
-
-    def forward(self, xs: list[torch.Tensor], train: bool) -> list[torch.Tensor]:
-        """Every rank's output (float64, with its graph when training); buffers updated when training."""
-        self._copies = [{n: p.detach().clone().requires_grad_(train and n not in self.frozen)
-                         for n, p in self.params.items()} for _ in range(len(xs))]
-        self._xs = [x.to(torch.float64).requires_grad_(train) for x in xs]
-        return networks.oracle_forward(self.layers, self._copies, self.buffers, self._xs, train=train,
-                                       eps=self.case.eps, momentum=self.case.momentum,
-                                       param_dtype=DTYPES[self.case.param_dtype])
-
-    def backward(self, ys: list[torch.Tensor], gs: list[torch.Tensor], ddp: bool, world: int) -> tuple:
-        """(each rank's input gradient, each rank's parameter-gradient shares, each rank's penalized input
-        gradient or None: :meth:`harness.scenarios.uses.Use.oracle_backward`); under DDP the shares' sum over
-        ``world`` accumulates into the parameters' gradients, as DDP's all-reduce does."""
-        penalized = self.use.oracle_backward(ys, self._xs, gs)
-        shares = [{n: c[n].grad for n in self.names} for c in self._copies]
-        if ddp:
-            for n, p in self.params.items():
-                if n in self.frozen:
-                    continue
-                mean = sum(s[n] for s in shares) / world
-                p.grad = mean if p.grad is None else p.grad + mean
-        return [x.grad for x in self._xs], shares, penalized
-
-    def optimizer_step(self) -> None:
-        if self.opt is not None:
-            self.opt.step()
-            self.opt.zero_grad(set_to_none=True)
-        else:
-            for p in self.params.values():
-                p.grad = None
-
-
 def _cpu(t):
     return None if t is None else t.detach().cpu().clone()
-
-
-@dataclasses.dataclass
-class Truth:
-    """The oracle's side of one step: every rank's output and upstream gradient, and after a training step every
-    rank's input gradient, parameter-gradient shares and penalized input gradient (None where the use has none)."""
-
-    ys: list
-    gs: list
-    grad_inputs: Optional[list] = None
-    shares: Optional[list] = None
-    penalized: Optional[list] = None
 
 
 @dataclasses.dataclass
@@ -206,6 +144,8 @@ class Judge:
     def of(cls, case: Case, use: uses.Use, device: str, layers) -> "Judge":
         """The judge of ``case``'s network under ``use`` on ``device``."""
         rounding = use.autocast_dtype(device)  # autocast rounds to its dtype: judge with that dtype's rounding
+        if rounding is None and sharded.fsdp2_of(case):
+            rounding = DTYPES[case.dtype]  # FSDP2's mixed precision: every layer computes in the case's dtype
         if rounding is None:
             return cls(case, networks.depth(layers))
         return cls(dataclasses.replace(case, dtype=str(rounding).split(".")[-1]), networks.depth(layers),
@@ -222,23 +162,27 @@ class Judge:
 
 
 class Training:
-    """One rank's network (its SyncBN layers the implementation's), its DDP wrapper, its optimizer and the float64
-    oracle, and the bits of every step's tensors that must agree across ranks."""
+    """One rank's network (its SyncBN layers the implementation's), its DDP or FSDP2 wrapper, its optimizer and the
+    float64 oracle, the forwards awaiting their backward, and the bits of every step's tensors that must agree
+    across ranks."""
 
     def __init__(self, ctx, case: Case, impl, device: str):
         self.ctx, self.case, self.impl, self.device = ctx, case, impl, device
         self.rank, self.use, self.ddp = ctx.rank, uses.of(case), DdpOptions.parse(case.ddp)
+        # The gradients averaged over the ranks: DDP's all-reduce, FSDP2's reduce-scatter.
+        self.averaged = self.ddp.on or sharded.fsdp2_of(case) is not None
         self.layers = networks.spec(case.model, case.channels)
         self.data, self.group = materialize(case), ctx.process_group(case)
         self.pdtype = DTYPES[case.param_dtype]
         self.net, self.oracle = self._network()
         self.model = self.net  # the DDP wrapper once wrap() made it
-        self.opt = _optimizer(case, [p for p in self.net.parameters() if p.requires_grad])
+        self.opt = None  # made by wrap(), over the parameters the wrapper leaves (FSDP2 replaces them by shards)
         self.judge = Judge.of(case, self.use, device, self.layers)
         self.call = self.use.wrap_call(impl.forward)
         out_dtype = self.use.expected_dtype(device, self.layers, lambda n: networks.Net(self.layers, n))
         self.out_dtype = out_dtype or DTYPES[case.dtype]
         self.bitwise: dict[int, dict] = {}
+        self.pending: list = []  # training forwards awaiting their backward: (input, output, truth, judge)
 
     def _network(self) -> tuple:
         """(this rank's network, the oracle), from the case's initial state (rank 0's checkpoint on rank 0 for
@@ -265,14 +209,17 @@ class Training:
 
     def wrap(self) -> None:
         """Wrap the network in ``DistributedDataParallel`` when the case has DDP flags (what the adapter's guard
-        changed for it, the rank records among the mode's notes)."""
-        if not self.ddp.on:
-            return
-        from torch.nn.parallel import DistributedDataParallel
+        changed for it, the rank records among the mode's notes), or shard it under its FSDP2 option; then make
+        the optimizer, over the parameters that train."""
+        if self.ddp.on:
+            from torch.nn.parallel import DistributedDataParallel
 
-        impl = self.impl
-        with impl.ddp_guard():
-            self.model = DistributedDataParallel(self.net, **self.ddp.kwargs(self.group))
+            with self.impl.ddp_guard():
+                self.model = DistributedDataParallel(self.net, **self.ddp.kwargs(self.group))
+        elif sharded.fsdp2_of(self.case):
+            norms = [getattr(self.net, layer[1]) for layer in self.layers if layer[0] == "bn"]
+            self.model = sharded.shard_network(self.ctx, self.case, self.net, norms)
+        self.opt = optimizer_of(self.case, [p for p in self.net.parameters() if p.requires_grad])
 
     def run(self) -> None:
         """Every step this rank has a batch for and takes part in, inside the use's context."""
@@ -291,15 +238,13 @@ class Training:
         alone = not all(evaluates(kind, r, ws) for r in range(ws))
         (self.model if not alone else self.net).train(train)
         xs = [self.data.inputs[s][r] for r in range(self.use.active_ranks(case, s))]
-        truth = self._truth(s, xs, train)
-        x, y, mine = self._forward(s, kind, xs[rank], truth.gs[rank], train, alone)
+        ys = self.oracle.forward(xs, train)
+        truth = Truth(ys, upstream(case, s, [tuple(y.shape) for y in ys]))
         judge = self.judge.at(s, STEP_KINDS[kind], sum(int(x.numel() // x.shape[1]) for x in xs))
+        y = self._forward(s, kind, xs[rank], truth, judge, train, alone)
         judge("output", y, truth.ys[rank].detach(), self.out_dtype)
-        if train and x.requires_grad:
-            judge("grad_input", x.grad, truth.grad_inputs[rank], DTYPES[case.dtype])
-        if truth.penalized is not None:
-            judge("penalized_grad_input", mine, truth.penalized[rank], DTYPES[case.dtype])
-        bitwise = self._optimizer_step(judge, truth) if train and self._steps_optimizer(s) else {}
+        stepped = train and kind != "fwd" and self._steps_optimizer(s)
+        bitwise = self._optimizer_step(s, judge, truth) if stepped else {}
         bitwise.update(judge_buffers(self.net.named_buffers(), self.oracle.buffers, judge, self.judge.metrics,
                                      lambda name: step_key(s, STEP_KINDS[kind], name), self.pdtype))
         self.bitwise[s] = bitwise
@@ -309,19 +254,11 @@ class Training:
         only the last of every K micro-batches (the others accumulate under ``no_sync()``)."""
         return not self.ddp.on or (s + 1) % self.ddp.accumulation == 0
 
-    def _truth(self, s: int, xs: list, train: bool) -> Truth:
-        """The oracle's forward of step ``s`` over every active rank's input (and its backward when training)."""
-        ys = self.oracle.forward(xs, train)
-        truth = Truth(ys, upstream(self.case, s, [tuple(y.shape) for y in ys]))
-        if train:
-            truth.grad_inputs, truth.shares, truth.penalized = self.oracle.backward(ys, truth.gs, self.ddp.on,
-                                                                                    self.case.world_size)
-        return truth
-
-    def _forward(self, s: int, kind: str, x: torch.Tensor, dy: torch.Tensor, train: bool, alone: bool) -> tuple:
-        """This rank's forward and backward of step ``s``: (its input, its output, its penalized input gradient or
-        None). Under ``no_sync=K`` the first K-1 micro-batches skip DDP's all-reduce; a step some ranks
-        evaluate alone must issue no collective."""
+    def _forward(self, s: int, kind: str, x: torch.Tensor, truth: Truth, judge: Callable, train: bool,
+                 alone: bool) -> torch.Tensor:
+        """This rank's forward of step ``s`` (its output) and, ending a training step that is not a ``fwd`` one,
+        the backward of every forward awaiting it (:meth:`_backward`). Under ``no_sync=K`` the first K-1
+        micro-batches skip DDP's all-reduce; a step some ranks evaluate alone must issue no collective."""
         ws = self.case.world_size
         x = x.to(self.device).detach().clone().requires_grad_(train and "data-input" not in self.case.options)
         sync = self.model.no_sync() if train and not self._steps_optimizer(s) else contextlib.nullcontext()
@@ -330,34 +267,62 @@ class Training:
         with sync, quiet:
             with self.use.forward_context(self.device):
                 y = self.call(self.net if alone else self.model, x)
-            mine = self.use.backward(y, x, dy.to(device=self.device, dtype=y.dtype)) if train else None
-        return x, y, mine
+            if train:
+                self.pending.append((x, y, truth, judge))
+                if kind != "fwd":
+                    self._backward()
+        return y
 
-    def _optimizer_step(self, judge: Callable, truth: Truth) -> dict:
-        """Judge the gradients, step the optimizer (and the oracle's), judge the parameters and optimizer state.
-        Returns the bits that must agree across ranks (under DDP the gradients; parameters and state always)."""
+    def _backward(self) -> None:
+        """The backward of the forwards awaiting it (this step's, after a ``fwd`` step's), of the sum of their
+        losses, on this rank (through the use) and on the oracle; then each forward's input gradient judged (divided
+        by a loss scaler's scale) with that forward's step."""
+        forwards, self.pending = self.pending, []
+        rank, dtype = self.rank, DTYPES[self.case.dtype]
+        dys = [truth.gs[rank].to(device=self.device, dtype=y.dtype) for _, y, truth, _ in forwards]
+        mine = self.use.backward([f[1] for f in forwards], [f[0] for f in forwards], dys)
+        self.oracle.backward([f[2] for f in forwards], self.averaged, self.case.world_size)
+        scale = self.use.input_grad_scale()
+        for i, (x, _, truth, judge) in enumerate(forwards):
+            if x.requires_grad:
+                judge("grad_input", x.grad if scale == 1.0 else x.grad / scale, truth.grad_inputs[rank], dtype)
+            if truth.penalized is not None:
+                judge("penalized_grad_input", mine[i], truth.penalized[rank], dtype)
+
+    def _optimizer_step(self, s: int, judge: Callable, truth: Truth) -> dict:
+        """Judge the gradients (unscaled by the use first), step the optimizer through the use (and the oracle's),
+        judge the parameters and optimizer state (whole, where FSDP2 shards them). Returns the bits that must agree
+        across ranks (where the gradients are averaged, those; parameters and state always)."""
         bitwise: dict = {}
+        if self.opt is not None:
+            self.use.unscale(self.opt)
         for name, p in self.net.named_parameters():
             if not p.requires_grad:
                 continue  # frozen: no gradient to judge (its value is judged below: it must not move)
-            judge(f"grad.{name}", p.grad, self.oracle.params[name].grad if self.ddp.on else
+            grad = sharded.full_tensor(p.grad)
+            judge(f"grad.{name}", grad, self.oracle.params[name].grad if self.averaged else
                   truth.shares[self.rank][name], self.pdtype)
-            if self.ddp.on:
-                bitwise[f"grad.{name}"] = bits(p.grad)
+            if self.averaged:
+                bitwise[f"grad.{name}"] = bits(grad)
         if self.opt is not None:
-            self.opt.step()
+            for problem in self.use.step(self.opt):
+                self.judge.metrics.append((step_key(s, "train", "optimizer_step"), Metric.failure(problem)))
             self.opt.zero_grad(set_to_none=True)
         else:
             self.net.zero_grad(set_to_none=True)
         self.oracle.optimizer_step()
-        for name, p in self.net.named_parameters():
-            judge(f"param.{name}", p, self.oracle.params[name].detach(), self.pdtype)
-            bitwise[f"param.{name}"] = bits(p)
-        for name, p in (self.net.named_parameters() if self.opt is not None else ()):
-            for slot, value in self.opt.state[p].items():
-                if torch.is_tensor(value) and value.is_floating_point() and value.dim():
-                    judge(f"opt.{name}.{slot}", value, self.oracle.opt.state[self.oracle.params[name]][slot].detach())
-                    bitwise[f"opt.{name}.{slot}"] = bits(value)
+        with torch.no_grad():
+            for name, p in self.net.named_parameters():
+                value = sharded.full_tensor(p)
+                judge(f"param.{name}", value, self.oracle.params[name].detach(), self.pdtype)
+                bitwise[f"param.{name}"] = bits(value)
+            for name, p in (self.net.named_parameters() if self.opt is not None else ()):
+                for slot, value in self.opt.state[p].items():
+                    value = sharded.full_tensor(value)
+                    if torch.is_tensor(value) and value.is_floating_point() and value.dim():
+                        judge(f"opt.{name}.{slot}", value,
+                              self.oracle.opt.state[self.oracle.params[name]][slot].detach())
+                        bitwise[f"opt.{name}.{slot}"] = bits(value)
         return bitwise
 
 

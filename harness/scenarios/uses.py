@@ -22,6 +22,15 @@ instances. The model scenario asks for its case's use once (:func:`of`).
   float16 on CUDA) with float32 input and parameters; results are judged with
   the autocast dtype's rounding, and the output's dtype must be the one the
   same network with ``nn.BatchNorm2d`` gives under the same autocast.
+- ``autocast-grad-scaler``: float16 autocast on every device (CPU included:
+  a loss scaler exists for float16's range) and a real
+  ``torch.amp.GradScaler`` around the backward and the optimizer step, as AMP
+  training runs it: the loss (float32) is scaled by 2**16, the gradients
+  unscaled before they are judged, the step taken by the scaler. A correct
+  layer's gradients stay finite, so the scaler must skip no step (a skipped
+  step is a failure, named); the rank's input gradient is judged unscaled.
+  Gradients scaled so reach SyncBN's backward: half partial sums past 65,504
+  are inf there (pytorch#195701). Needs an optimizer.
 - ``script``: every SyncBN layer through ``torch.jit.script`` before
   training, the rest of the network as it is (pytorch#69972; TorchScript is
   deprecated, so an implementation may declare it unsupported).
@@ -86,10 +95,28 @@ class Use:
         """The output dtype of the same network with ``nn.BatchNorm2d`` under the use's autocast (None: none)."""
         return None
 
-    def backward(self, y: torch.Tensor, x: torch.Tensor, dy: torch.Tensor) -> Optional[torch.Tensor]:
-        """Backpropagate one rank's loss ``sum(y * dy)``; a penalized input gradient to judge, or None."""
-        y.backward(dy)
+    def backward(self, ys: list, xs: list, dys: list) -> Optional[list]:
+        """Backpropagate one rank's loss ``sum(y * dy)`` over its forwards since the last backward (one output,
+        input and upstream gradient each, oldest first: two with a ``fwd`` step); the penalized input gradients
+        to judge (one per forward), or None."""
+        torch.autograd.backward(ys, dys)
         return None
+
+    def input_grad_scale(self) -> float:
+        """What the rank's input gradients are multiplied by (a loss scaler's scale), to be judged divided."""
+        return 1.0
+
+    def unscale(self, opt) -> None:
+        """Before the parameters' gradients are judged (and the optimizer steps): nothing, or unscale them."""
+
+    def step(self, opt) -> list[str]:
+        """The optimizer step; what went wrong with it (a step a loss scaler skipped), one sentence each."""
+        opt.step()
+        return []
+
+    def needs_optimizer(self) -> bool:
+        """Whether the use needs the case to have an optimizer."""
+        return False
 
     def oracle_backward(self, ys: list, xs: list, gs: list) -> Optional[list]:
         """The oracle's backward of every rank's loss at once (float64); the penalized input gradients, or None."""
@@ -135,10 +162,10 @@ class Checkpoint(Use):
 class GradientPenalty(Use):
     """``double-backward``: the loss plus ``PENALTY * sum(g ** 2)``, ``g`` the input gradient (create_graph)."""
 
-    def backward(self, y: torch.Tensor, x: torch.Tensor, dy: torch.Tensor) -> Optional[torch.Tensor]:
-        (g,) = torch.autograd.grad(y, x, grad_outputs=dy, create_graph=True)
-        ((y * dy).sum() + PENALTY * (g * g).sum()).backward()
-        return g
+    def backward(self, ys: list, xs: list, dys: list) -> Optional[list]:
+        grads = torch.autograd.grad(ys, xs, grad_outputs=dys, create_graph=True)
+        (sum((y * dy).sum() for y, dy in zip(ys, dys)) + PENALTY * sum((g * g).sum() for g in grads)).backward()
+        return list(grads)
 
     def oracle_backward(self, ys: list, xs: list, gs: list) -> Optional[list]:
         loss = sum((y * g).sum() for y, g in zip(ys, gs))
@@ -158,6 +185,50 @@ class Autocast(Use):
         x = torch.ones((2, layers[0][2], 3, 3), device=device)
         with torch.no_grad(), torch.autocast(device_type=device, dtype=self.autocast_dtype(device)):
             return plain(x).dtype
+
+
+class ScaledAutocast(Autocast):
+    """``autocast-grad-scaler``: float16 autocast and a ``torch.amp.GradScaler`` (one per case, made by
+    :meth:`around_steps`) around the backward and the optimizer step."""
+
+    def __init__(self):
+        self.scaler = None
+
+    def autocast_dtype(self, device: str) -> Optional[torch.dtype]:
+        return torch.float16
+
+    def needs_optimizer(self) -> bool:
+        return True
+
+    @contextlib.contextmanager
+    def around_steps(self, model):
+        device = next(model.parameters()).device.type
+        self.scaler = torch.amp.GradScaler(device)  # its defaults: a scale of 2**16, halved on inf or NaN
+        try:
+            yield
+        finally:
+            self.scaler = None
+
+    def backward(self, ys: list, xs: list, dys: list) -> Optional[list]:
+        loss = sum((y.float() * dy.float()).sum() for y, dy in zip(ys, dys))  # the loss in float32, as AMP's
+        self.scaler.scale(loss).backward()
+        return None
+
+    def input_grad_scale(self) -> float:
+        return float(self.scaler.get_scale())
+
+    def unscale(self, opt) -> None:
+        self.scaler.unscale_(opt)
+
+    def step(self, opt) -> list[str]:
+        before = self.scaler.get_scale()
+        self.scaler.step(opt)
+        self.scaler.update()
+        after = self.scaler.get_scale()
+        if after < before:
+            return [f"GradScaler found inf or NaN gradients and skipped the optimizer step (scale {before:g} -> "
+                    f"{after:g}); the oracle's are finite"]
+        return []
 
 
 class Script(Use):
@@ -185,6 +256,7 @@ BY_NAME: dict[str, Use] = {
     "checkpoint-block-reentrant": Checkpoint("block", reentrant=True),
     "double-backward": GradientPenalty(),
     "autocast": Autocast(),
+    "autocast-grad-scaler": ScaledAutocast(),
     "script": Script(),
     "join": Join(),
 }

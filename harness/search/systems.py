@@ -13,8 +13,12 @@ A *system* names what a drawn case exercises (``--system`` on ``search``):
   (:mod:`harness.scenarios.user_models`; the converter traps ``bn-act`` and
   ``lazy`` are the catalog's);
 - ``validation``, ``activation-checkpoint``, ``double-backward``,
-  ``autocast``, ``script``, ``join``: the training uses
-  (:mod:`harness.scenarios.uses`), each with or without DDP (``join``: always).
+  ``autocast``, ``script``, ``join``, ``autocast-grad-scaler``: the training
+  uses (:mod:`harness.scenarios.uses`), each with or without DDP (``join``
+  and ``autocast-grad-scaler``, which steps an optimizer: always);
+- ``fsdp2``: the network sharded by FSDP2 with mixed precision (the ``fsdp2``
+  model option, :mod:`harness.scenarios.sharded`): bfloat16 or float16
+  compute over float32 parameters, SGD, every rank in every step.
 
 Every network case also draws the model options (``Case.options``): BN affine
 parameters frozen while the statistics train, and data that does not require
@@ -44,7 +48,9 @@ from harness.search.space import FAMILY, digest, split_label
 # non-reentrant first (the plainer, for shrinking); every other use is a system of its own name.
 USE_OF = {"activation-checkpoint": tuple(sorted(CHECKPOINT_USES, key=lambda u: u.endswith("-reentrant"))),
           **{u: (u,) for u in USES if u not in CHECKPOINT_USES}}
-SYSTEMS = ("model", "ddp", "compile", "conversion", "validation") + tuple(USE_OF)
+SYSTEMS = ("model", "ddp", "compile", "conversion", "validation") + tuple(USE_OF) + ("fsdp2",)
+# The uses that need DDP: join's, and a loss scaler's (it steps an optimizer, which needs averaged gradients).
+DDP_USES = ("join", "autocast-grad-scaler")
 # What --system all draws: every system but join, whose expected failure is a 15 s hang.
 DEFAULT_SYSTEMS = tuple(s for s in SYSTEMS if s != "join")
 # Smallest first. Not bn-chain: its first layers' exact affine gradients vanish (the next normalization removes
@@ -95,7 +101,7 @@ def strategy(systems: tuple = DEFAULT_SYSTEMS, world_sizes: tuple = (2, 3)):
             return make_case(system, batch_sizes=sizes, spatial=((3, 2),) * ws, channels=6, dtype=dtype,
                              param_dtype=dtype, steps=kinds, scenario="conversion", model=converted, seed=seed)
         use = USE_OF[system][variant % len(USE_OF[system])] if system in USE_OF else None
-        ddp_on = system in ("ddp", "join") or (system != "model" and ddp_wanted)
+        ddp_on = system == "ddp" or use in DDP_USES or (system not in ("model", "fsdp2") and ddp_wanted)
         flags = ("ddp",) + flags if ddp_on else ()
         if system == "compile":  # dynamo's DDP optimizer asserts its first bucket is the smallest
             flags = tuple(f for f in flags if f != "bucket_cap_mb=0.0001")
@@ -103,17 +109,25 @@ def strategy(systems: tuple = DEFAULT_SYSTEMS, world_sizes: tuple = (2, 3)):
             # A penalty needs the input's gradient; elsewhere a conv comes first, whose weight makes every
             # normalization's input require grad anyway.
             options = tuple(o for o in options if o != "data-input")
-        if use == "autocast":
+        if use in ("autocast", "autocast-grad-scaler"):
             dtype = "float32"
+        if system == "fsdp2":  # half compute over float32 parameters; SGD (Adam amplifies half rounding: cases/fsdp.py)
+            dtype, optimizer = {"float32": "bfloat16", "float64": "float16"}[dtype], "sgd"
+            options += ("fsdp2",)
+            steps = tuple(k for k in steps if k in ("train", "eval")) or ("train",)
         if system == "validation":
             assume(any(k in ("eval-rank0", "eval-subset") for k in steps))
         if use == "join":  # rank r has len - r batches, every rank at least one
             steps = ("train",) * (len(steps) + ws)
+        # A loss scaler's loss: a mean over 1024 outputs (its gradient 2**-10 * (1 + N(0, 1))), as the catalog's
+        # (cases/autocast.py); plain normals, scaled by 2**16, overflow half for every layer.
+        loss = {"grad_mean": 1.0, "grad_scale": 2.0**-10} if use == "autocast-grad-scaler" else {}
         return make_case(system, batch_sizes=sizes, spatial=((4, 4),) * ws, channels=3, dtype=dtype,
-                         param_dtype=dtype, steps=steps, scenario="model", model=network,
-                         optimizer=optimizer if ddp_on else None, ddp=flags, use=use, options=options,
+                         param_dtype="float32" if system == "fsdp2" else dtype, steps=steps, scenario="model",
+                         model=network, optimizer=optimizer if ddp_on or system == "fsdp2" else None, ddp=flags,
+                         use=use, options=options,
                          momentum=momentum, compile=(backend,) if system == "compile" else (),
-                         time_limit=15.0 if use == "join" else None, seed=seed)
+                         time_limit=15.0 if use == "join" else None, seed=seed, **loss)
 
     return cases()
 

@@ -84,15 +84,20 @@ def test_matrix_crosses_dtypes_layouts_formats_and_world_sizes():
 
 
 def test_the_second_backend_meets_every_layout_dtype_and_format_by_default():
-    full = [c for c in catalog.select(exhaustive=True) if c.family == "allgather-shape" and c.id.count("/") == 5]
-    assert len(full) == 8 * 6 * 3 and {c.backend for c in full} == {"nccl-contract"}
+    twins = [c for c in catalog.select(exhaustive=True) if c.family == "allgather-shape" and c.id.count("/") == 5]
+    full = [c for c in twins if c.backend == "nccl-contract"]
+    assert len(full) == 8 * 6 * 3 and {c.backend for c in twins} == {"nccl-contract", "list-contract"}
     default = [c for c in full if c.default]
     for i in (1, 2, 3):
         assert {c.id.split("/")[i] for c in default} == {c.id.split("/")[i] for c in full}
     assert len(default) <= 8
+    # The list-only backend has a twin of each of those and no other, those of two ranks default.
+    listed = [c for c in twins if c.backend == "list-contract"]
+    assert [c.default for c in listed] == [c.world_size == 2 for c in listed] and any(c.default for c in listed)
+    assert sorted(c.id.rsplit("/", 1)[0] for c in listed) == sorted(c.id.rsplit("/", 1)[0] for c in default)
     # Each twin is the same data as a default run-backend case, so a difference between the two is the backend's.
     gloo = {c.id: c for c in catalog.select()}
-    for c in default:
+    for c in default + listed:
         twin = gloo[c.id.rsplit("/", 1)[0]]
         assert twin.seed == c.seed and twin.batch_sizes == c.batch_sizes
 
@@ -247,3 +252,16 @@ def test_a_case_without_bias_has_a_zero_bias_and_otherwise_the_data_of_its_twin_
     assert all(torch.equal(a, b) for sa, sb in zip(without.inputs, with_bias.inputs) for a, b in zip(sa, sb))
     convert = [c for c in catalog.select(["conversion/*"], exhaustive=True) if "no-bias" in c.id]
     assert convert and all(not c.bias for c in convert)  # so an implementation without the keyword is unsupported
+
+
+def test_upstream_gradients_are_scaled_and_shifted_as_the_case_says():
+    """``grad_scale * (grad_mean + N(0, 1))``: the same normals, a loss scaler's gradients (pytorch#195701)."""
+    from dataclasses import replace
+
+    plain = Case(id="mixed-precision/probe/ws2", family="mixed-precision", batch_sizes=(2, 3),
+                 spatial=((4, 4),) * 2, dtype="float64", param_dtype="float64")
+    scaled = replace(plain, grad_mean=1.0, grad_scale=64.0)
+    a, b = materialize(plain), materialize(scaled)
+    for ga, gb, xa, xb in zip(a.grad_outputs[0], b.grad_outputs[0], a.inputs[0], b.inputs[0]):
+        assert torch.equal(xa, xb) and torch.equal((ga + 1.0) * 64.0, gb)
+    assert scaled.params()["grad_scale"] == 64.0 and plain.params()["grad_mean"] == 0.0

@@ -19,12 +19,13 @@ from harness.catalog import covering
 # family -> (cases, of them in the default selection, sha256 of "<id> <default>\n" lines, first 16 digits)
 PINNED = {
     "training-loop": (132, 44, "cda2b23606dbf458"),
-    "ddp": (136, 16, "9cdba731530f851d"),
+    "ddp": (152, 19, "ea6be7ba9b0a0896"),
     "validation": (16, 6, "129485ac829b1fe4"),
     "activation-checkpoint": (32, 8, "c8fddb5ae4da5cf5"),
     "double-backward": (16, 6, "1a393b5f63afe789"),
-    "autocast": (16, 6, "22b2ad77bb4e9674"),
+    "autocast": (19, 8, "a24609c15baa4ffa"),
     "conversion": (74, 37, "35eafbd95cb81421"),
+    "fsdp": (12, 2, "e4f54ec054c745ea"),
 }
 
 

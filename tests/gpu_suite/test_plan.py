@@ -165,6 +165,26 @@ def test_the_training_systems_are_every_default_non_layer_family_but_compile():
     assert {c.id for c in chosen} == {c.id for c in want} and want
 
 
+def test_the_next_gpu_run_takes_the_loss_scaling_fsdp2_two_forward_and_list_backend_cases():
+    """Picked by family, so the GPU's first look at them needs no change here: torch's half partial sums under
+    scaled gradients (pytorch#195701) on its real kernel, a GradScaler, FSDP2 and DDP's two forwards on CUDA."""
+    from harness import catalog
+    from harness.gpu_suite.steps import layer_selection, system_selection
+
+    def chosen(flags, scenarios):
+        return {c.id for c in catalog.select([flags[i + 1] for i, f in enumerate(flags) if f == "--case"],
+                                             scenarios=scenarios)}
+
+    layers = chosen(layer_selection(), ["layer"])
+    systems = chosen(system_selection(), ["model", "conversion", "checkpoint"])
+    assert {"mixed-precision/scaled-grads/float16-float32/ws2",
+            "mixed-precision/scaled-grads-channels-last/float16-float32/ws2",
+            "allgather-shape/even-4-4/float32-float32/contiguous/ws2/list-contract"} <= layers
+    assert {"autocast/grad-scaler/cnn/ddp/loss-2-10/uneven-8-6/ws2", "fsdp/cnn-sgd/bfloat16/uneven-3-5/ws2",
+            "ddp/cnn-sgd/broadcast-buffers-True-default-two-forwards/float32/ws2",
+            "ddp/cnn-sgd/broadcast-buffers-True-default-plain/float32/ws2/list-contract"} <= systems
+
+
 def test_every_harness_command_of_the_plan_parses_with_this_cli(tmp_path):
     """A step whose command line this CLI refuses would only show on the GPU machine, as a failed step."""
     import click

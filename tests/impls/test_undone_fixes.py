@@ -1,4 +1,4 @@
-"""cpu-emulation catches torch's SyncBatchNorm with an upstream fix undone, as CUDA would.
+"""cpu-emulation catches torch's SyncBatchNorm with an upstream fix undone, as CUDA would, and one not yet released.
 
 Design: the plugins of tests/support/undone_fixes.py are torch 2.13's own Function with one change each (the
 empty-input branch of pytorch#74944 undone; the zero-count mask of pytorch#78656 undone), run through the real
@@ -11,6 +11,10 @@ Before the emulation did CUDA's arithmetic (harness/impls/cuda_arith.py), with t
 standing in, all six of these records passed, and so did every float32 and float64 empty-rank case of the default
 selection (11 per plugin, measured over a checkout of 9f12c64; the half and bfloat16 ones crash on the known
 dtype defect either way).
+
+The other way round: torch 2.13's kernels round the contiguous backward_reduce's partial sums to half input's dtype
+(pytorch#195701, fixed by pytorch#196125 after 2.14): gradients scaled by 2**16 with a mean overflow them, while the
+same module over the emulation of a release with the fix passes.
 """
 
 from __future__ import annotations
@@ -42,3 +46,25 @@ def test_each_undone_fix_fails_where_torch_passes():
         assert empty.status is Status.ERROR and want in empty.message, (case, empty.status, empty.message)
         masked = records[(names[ZERO_MASK], case)]
         assert masked.status is Status.MISMATCH and "non-finite" in masked.message, (case, masked.message)
+
+
+SCALED = "mixed-precision/scaled-grads/float16-float32/ws2"
+SCALED_CL = "mixed-precision/scaled-grads-channels-last/float16-float32/ws2"
+
+
+@pytest.mark.slow(8)
+@pytest.mark.usefixtures("support_on_path")
+def test_scaled_gradients_overflow_torchs_half_partials_until_pytorch_196125():
+    """pytorch#195701: half input, gradients scaled as GradScaler scales them, with a mean. The emulated 2.13 kernel
+    rounds its contiguous partial sums to half: inf, a known issue; its channels-last kernel does not; the same
+    module and Function over the kernels of a release with pytorch#196125 pass (run in pools of their own, since
+    the plugin changes the rank's emulation)."""
+    cases = catalog.select([SCALED, SCALED_CL])
+    by = {(r.impl, r.case): r for r in run_selection(cases, resolve_impls(["torch"]), RunOptions(timeout=120))}
+    bad = by[("torch", SCALED)]
+    assert bad.status is Status.MISMATCH and "non-finite values where the oracle is finite" in bad.message
+    assert bad.known and bad.known_issue.link.endswith("/issues/195701")
+    assert by[("torch", SCALED_CL)].status is Status.PASS, by[("torch", SCALED_CL)].message
+    [fixed] = run_selection(catalog.select([SCALED]), resolve_impls(["undone_fixes:Float2Widened"]),
+                            RunOptions(timeout=120))
+    assert fixed.status is Status.PASS, fixed.message

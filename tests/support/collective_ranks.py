@@ -26,11 +26,12 @@ def _flat_all_gathers():
     return [(n, getattr(dist, n)) for n in names if hasattr(dist, n)]
 
 
-def exercise(rank: int, world_size: int, flat_shape) -> dict:
+def exercise(rank: int, world_size: int, flat_shape, flat: bool = True) -> dict:
     """Every collective SyncBN (forward all_gather, backward all_reduce) and DDP (broadcast, all_reduce) issue.
 
     ``flat_shape(n)``: the shape of a flat all_gather's output for ``n`` elements (gloo takes ``[n]``; torch's
-    SyncBatchNorm hands other backends ``[1, n]``, which NCCL accepts).
+    SyncBatchNorm hands other backends ``[1, n]``, which NCCL accepts). ``flat=False``: the backend has no flat
+    all_gather; each call's refusal is kept (``<name>.refused``: the exception's type and message).
     """
     import torch.distributed as dist
 
@@ -44,9 +45,15 @@ def exercise(rank: int, world_size: int, flat_shape) -> dict:
         dist.all_gather(rows, x)
         out[f"all_gather.{dt}"] = torch.stack(rows)
         for name, fn in _flat_all_gathers():
-            flat = torch.empty(flat_shape(world_size * x.numel()), dtype=dtype)
-            fn(flat, x)
-            out[f"{name}.{dt}"] = flat
+            flat_out = torch.empty(flat_shape(world_size * x.numel()), dtype=dtype)
+            if not flat:
+                try:
+                    fn(flat_out, x)
+                except Exception as exc:  # noqa: BLE001 - the refusal is the result
+                    out[f"{name}.refused"] = f"{type(exc).__name__}: {exc}"
+                continue
+            fn(flat_out, x)
+            out[f"{name}.{dt}"] = flat_out
             if rank in (0, world_size - 1):
                 flat_sub = torch.empty(2 * x.numel(), dtype=dtype)
                 fn(flat_sub, x, group=sub)
@@ -64,15 +71,18 @@ def exercise(rank: int, world_size: int, flat_shape) -> dict:
 def _rank(rank: int, world_size: int, port: int, backend: str, outdir: str) -> None:
     import torch.distributed as dist
 
-    from harness.engine import nccl_contract
+    from harness.engine import list_contract, nccl_contract
 
     if backend == nccl_contract.NAME:
         nccl_contract.register()
+    elif backend == list_contract.LIST_NAME:
+        list_contract.register_list_contract()
     timeout = datetime.timedelta(seconds=60)
     store = dist.TCPStore("127.0.0.1", port, world_size + 1, False, timeout=timeout)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
     try:
-        results = exercise(rank, world_size, (lambda n: (n,)) if backend == "gloo" else (lambda n: (1, n)))
+        results = exercise(rank, world_size, (lambda n: (n,)) if backend == "gloo" else (lambda n: (1, n)),
+                           flat=backend != list_contract.LIST_NAME)
         results["backend_name"] = dist.group.WORLD._get_backend_name()
     finally:
         dist.destroy_process_group()

@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.nn.functional import all_reduce as diff_all_reduce
 
+from float32_syncbn import Float32SyncBN
 from gather import GatherSyncBN, _GatherFn
 from textbook import TextbookSyncBN
 
@@ -195,6 +196,18 @@ class HalfAccumulation(TextbookSyncBN):
         d = (x - mean.view(self.shape(x)).to(x.dtype))
         var = self.reduce((d * d).sum(dims, dtype=x.dtype).double()) / n
         return mean, var, n
+
+
+class HalfGradSums(Float32SyncBN):
+    """Its backward's per-channel sums of the gradient rounded to the gradient's dtype when that is half (as
+    torch's contiguous CUDA kernel rounds its partials: pytorch#195701): a loss scaled by 2**16 whose gradient
+    has a mean passes 65,504, inf."""
+
+    def grad_sums(self, dy, dya, xmu):
+        sum_dy, sum_dy_xmu = super().grad_sums(dy, dya, xmu)
+        if dy.dtype in (torch.float16, torch.bfloat16):
+            return sum_dy.to(dy.dtype).to(sum_dy.dtype), sum_dy_xmu.to(dy.dtype).to(sum_dy.dtype)
+        return sum_dy, sum_dy_xmu
 
 
 class DropsChannelTail(TextbookSyncBN):
@@ -424,6 +437,22 @@ class AffineNeedsBias(TextbookSyncBN):
             self.affine = True
 
 
+class FlatGatherOffGloo(TextbookSyncBN):
+    """Gathers the ranks' counts into one flat tensor on every backend not named gloo, as torch's SyncBatchNorm
+    picks its all_gather by the backend's name: a backend with the list all_gather only (MPI's, third-party
+    accelerators': pytorch#85628, the review of pytorch#104250) refuses it."""
+
+    def batch_stats(self, x, dims):
+        group = self.group()
+        ws = dist.get_world_size(group)
+        if ws > 1 and dist.get_backend(group) != "gloo":
+            mine = torch.full((1,), float(x.numel() // x.shape[1]), dtype=torch.float64)
+            counts = torch.empty(ws, dtype=torch.float64)
+            flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # 2.13's name, older
+            flat(counts, mine, group=group)
+        return super().batch_stats(x, dims)
+
+
 # Collective defects -> (a case that shows it, the status it must get, what the message must name).
 COLLECTIVE_DEFECTS = {
     EvalSyncs: ("module-config/train-eval-train/ws2", "mismatch",
@@ -463,6 +492,7 @@ CATCHERS = {
     GradWeightAveraged: (["allgather-shape/uneven-*"], "mismatch", "grad_weight"),
     HalfCounts: (["mixed-precision/count-2049/*"], "mismatch", "running_var"),
     HalfAccumulation: (["mixed-precision/half-sum-overflow/*"], "mismatch", "output"),
+    HalfGradSums: (["mixed-precision/scaled-grads*"], "mismatch", "grad_input"),
     DropsChannelTail: (["numerics/channels-67/*", "numerics/channels-130/*", "channels-last/channels-*"], "mismatch",
                        "output"),
     SavesStatsOnModule: (["training-loop/two-forwards/*"], "mismatch", "grad_input"),
@@ -476,4 +506,7 @@ CATCHERS = {
     GatherSizeDiffers: (["allgather-shape/uneven-*"], ("crash", "error"), None),
     IgnoresBiasFalse: (["module-config/bias-off*"], "mismatch", "layer.bias"),
     AffineNeedsBias: (["module-config/bias-off*"], "mismatch", "train.output"),
+
+
+    FlatGatherOffGloo: (["*/list-contract"], "error", "no support for _allgather_base"),
 }

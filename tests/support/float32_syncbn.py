@@ -78,7 +78,7 @@ class _TrainFn(torch.autograd.Function):
         xmu = xa - _per_channel(mean, x)
         y = xmu * _per_channel(invstd * w, x) + _per_channel(b, x)
         ctx.save_for_backward(xmu, invstd, w)
-        ctx.count, ctx.group, ctx.sync = count, group, sync
+        ctx.count, ctx.group, ctx.sync, ctx.owner = count, group, sync, owner
         ctx.in_dtype, ctx.has_weight = x.dtype, weight is not None
         ctx.w_dtype = weight.dtype if weight is not None else None
         return y.to(x.dtype)  # elementwise ops and the cast keep the input's memory format
@@ -88,8 +88,7 @@ class _TrainFn(torch.autograd.Function):
         xmu, invstd, w = ctx.saved_tensors
         acc = xmu.dtype
         dya = dy.to(acc)
-        sum_dy = dya.sum(_dims(dya))
-        sum_dy_xmu = (dya * xmu).sum(_dims(dya))
+        sum_dy, sum_dy_xmu = ctx.owner.grad_sums(dy, dya, xmu)
         grad_w = grad_b = None
         if ctx.has_weight:
             grad_w = (sum_dy_xmu * invstd).to(ctx.w_dtype)
@@ -142,6 +141,11 @@ class Float32SyncBN(nn.Module):
             rv = self.running_var.to(acc) * (1 - f) + unbiased * f
             self.running_mean.copy_(rm)
             self.running_var.copy_(rv)
+
+    def grad_sums(self, dy, dya, xmu):
+        """The rank's per-channel (sum of dy, sum of dy * (x - mean)) in the accumulation type (``dya``: dy in
+        it); called by the backward."""
+        return dya.sum(_dims(dya)), (dya * xmu).sum(_dims(dya))
 
     def forward(self, x):
         if x.dim() < 2 or x.shape[1] != self.num_features:

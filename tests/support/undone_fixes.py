@@ -8,6 +8,10 @@
   capture, pytorch#78656): an empty rank's zero row reaches ``batch_norm_gather_stats_with_counts``, whose CUDA
   loop merges it (1 / invstd = inf, times count 0: NaN).
 
+And one fix done ahead of its release: :class:`Float2Widened`, torch's own module and Function over the kernels
+of a release that holds pytorch#196125 (taken to be 2.15): ``batch_norm_backward_reduce``'s contiguous kernel no
+longer rounds its partial sums to half input's dtype (pytorch#195701), so scaled gradients no longer overflow.
+
 Each is the installed torch's own ``torch.nn.modules._functions.SyncBatchNorm.forward``, recompiled from its
 source with one change to the syntax tree (nothing of torch's is copied here; the change fails loudly if the
 source no longer has the statement), in a subclass of torch's Function, driven by torch's module bookkeeping
@@ -26,7 +30,7 @@ import textwrap
 import torch
 from torch.nn.modules import _functions
 
-from harness.impls import torch_emulation
+from harness.impls import cuda_arith, torch_emulation
 
 
 class _IfTestIs(ast.NodeTransformer):
@@ -105,3 +109,15 @@ class ZeroCountMaskUndone(_Undone):
 
     name = "torch-78656-zero-count-mask-undone"
     function = patched_function("ZeroCountMaskUndoneFunction", "is_current_stream_capturing", False, 1)
+
+
+class Float2Widened(_Undone):
+    """torch 2.13's SyncBatchNorm over the kernels of a release with pytorch#196125: the contiguous
+    ``batch_norm_backward_reduce`` keeps its partial sums in float (``cuda_arith.FLOAT2_WIDENED`` moved back to
+    this release, in the rank that builds the layer; run it alone in a pool: the rank keeps the change)."""
+
+    name = "torch-196125-float2-widened"
+
+    def __init__(self, *args, **kwargs):
+        cuda_arith.FLOAT2_WIDENED = (0, 0)
+        super().__init__(*args, **kwargs)
