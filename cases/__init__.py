@@ -24,6 +24,7 @@ FAMILY_MODULES = (
     "conversion",
     "compile",
     "cuda_graph",
+    "private_ops",
     "scale",
     "search_found",
 )

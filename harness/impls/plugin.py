@@ -5,7 +5,9 @@ affine=True, track_running_stats=True, process_group=None)``. The harness builds
 one instance per rank, moves it to the case's device and parameter dtype, and
 calls ``forward(input)``. A plugin may set a ``name`` attribute for display,
 and ``capabilities`` (a :class:`harness.impls.Capabilities`, or a plain dict of
-its fields for a plugin that does not import the harness) to declare limits.
+its fields for a plugin that does not import the harness) to declare limits,
+and ``private_ops``, an object whose attributes are its versions of torch's
+five private SyncBN ops (the ``private-ops`` family's cases then run them).
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ class PluginImpl(Impl):
         if not callable(convert):
             return super().convert(model, process_group)
         return convert(model, process_group)
+
+    def private_ops(self):
+        """The class's ``private_ops`` attribute: an object with ops of torch's private SyncBN contract, or None."""
+        return getattr(self._load(), "private_ops", None)
 
     def build(self, case: Case, process_group, device: str):
         return construct_like_syncbn(self._load(), case, process_group)

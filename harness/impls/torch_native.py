@@ -80,6 +80,12 @@ class TorchImpl(Impl):
         d["cpu_path"] = torch_emulation.device_check_path()
         return d
 
+    def private_ops(self):
+        """torch's own ops (``torch.batch_norm_stats``, ...): CUDA's kernels, or the cpu-emulation's on CPU."""
+        import torch
+
+        return torch
+
     def build(self, case: Case, process_group, device: str):
         cls = self.syncbn_class()
         if device == "cpu" and self.path == "function":
