@@ -25,6 +25,7 @@ PINNED = {
     "double-backward": (16, 6, "1a393b5f63afe789"),
     "autocast": (16, 6, "22b2ad77bb4e9674"),
     "conversion": (52, 26, "5087575ceb45dc5a"),
+    "private-ops": (19, 19, "f064a7d784cddbfa"),
 }
 
 
