@@ -38,7 +38,7 @@ class TorchImpl(Impl):
     def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
         """The capabilities' reason, else why CUDA's kernels refuse torch's SyncBN on ``case`` (either device)."""
         reason = super().unsupported_reason(case, device)
-        if reason:
+        if reason or case.op:  # one of torch's ops called directly (private_ops): the module's calls are not made
             return reason
         from harness.impls import cuda_plan
 

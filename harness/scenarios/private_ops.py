@@ -136,8 +136,9 @@ def arguments(case: Case, data: CaseData, rank: int, device: str) -> tuple:
 
 def expect(case: Case, data: CaseData, args: tuple) -> dict[str, contract.Expected]:
     """The op's outputs by its float64 contract, from the arguments it was given (the running statistics as they
-    were before the call: ``data``'s, of which the gather got copies)."""
+    were before the call: ``data``'s, of which the gather got copies), on the CPU."""
     op = case.op[0]
+    args = tuple(a.cpu() if isinstance(a, torch.Tensor) else a for a in args)
     if op == "batch_norm_stats":
         return contract.stats(args[0], args[1])
     if op == "batch_norm_gather_stats_with_counts":

@@ -90,7 +90,7 @@ def test_an_op_that_returns_another_number_of_outputs_fails_every_output():
     assert [m.problem for m in metrics.values()] == ["the op returned no mean", "the op returned no invstd"]
 
 
-@pytest.mark.slow(12)
+@pytest.mark.slow
 def test_the_family_in_rank_processes_torch_fails_only_its_known_issues():
     cases = catalog.select(["private-ops/*"])
     records = list(run_selection(cases, resolve_impls(["reference", "torch", "textbook:TextbookSyncBN"]),
@@ -111,7 +111,7 @@ def test_the_family_in_rank_processes_torch_fails_only_its_known_issues():
         assert other.status is Status.UNSUPPORTED and "private SyncBN contract" in other.message
 
 
-@pytest.mark.slow(20)
+@pytest.mark.slow
 def test_diff_between_two_builds_names_the_op_whose_semantics_or_schema_changed(tmp_path):
     """The same plugin name run twice, the second time with two changes planted: the gather returns the variance
     for invstd (a change of what it computes) and batch_norm_stats takes eps by keyword (a changed schema)."""
