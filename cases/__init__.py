@@ -25,6 +25,7 @@ FAMILY_MODULES = (
     "conversion",
     "compile",
     "cuda_graph",
+    "private_ops",
     "scale",
     "search_found",
 )

@@ -61,6 +61,12 @@ USES = CHECKPOINT_USES + ("double-backward", "autocast", "script", "join", "auto
 # torch.compile of the case's module: a backend, then optionally "fullgraph" and "dynamic" (dynamic=True)
 COMPILE_BACKENDS = ("eager", "aot_eager", "inductor")
 COMPILE_OPTIONS = ("fullgraph", "dynamic")
+# torch's private SyncBN ops (ATen), which code outside torch calls directly (horovod, apex, detectron2): the
+# private_ops scenario calls one of them per case (``Case.op``). The one place their names are spelled.
+PRIVATE_OPS = ("batch_norm_stats", "batch_norm_gather_stats_with_counts", "batch_norm_elemt",
+               "batch_norm_backward_reduce", "batch_norm_backward_elemt")
+# An op's options: "loss-scaled", the upstream gradient a loss scaled by 2**16 gives (harness.scenarios.private_ops).
+OP_OPTIONS = ("loss-scaled",)
 
 # The dtypes a case's standard normals may be drawn in. torch draws float64 normals on CPU one value at a time
 # and float32 ones vectorized, about five times faster: search, whose cases are new, draws in float32; the
@@ -130,6 +136,8 @@ class Case:
     # TorchScript, DDP's join), see harness.scenarios.uses.
     use: Optional[str] = None
     options: tuple[str, ...] = ()  # model scenarios: MODEL_OPTIONS
+    # The private_ops scenario: (op, *options), the op one of PRIVATE_OPS and the options among OP_OPTIONS.
+    op: tuple[str, ...] = ()
     # Seconds the case may take before it is a hang, where shorter than the run's --timeout: for cases whose
     # expected failure is a hang (DDP's join), so that it costs seconds, not the run's minutes.
     time_limit: Optional[float] = None
@@ -180,6 +188,11 @@ class Case:
                              f"and options among {COMPILE_OPTIONS}, got {self.compile}")
         if any(o not in MODEL_OPTIONS for o in self.options):
             raise ValueError(f"case {self.id}: options are among {', '.join(MODEL_OPTIONS)}, got {self.options}")
+        if self.op and (self.op[0] not in PRIVATE_OPS or any(o not in OP_OPTIONS for o in self.op[1:])
+                        or self.scenario != "private_ops"):
+            raise ValueError(f"case {self.id}: op is (op, *options) with an op of {', '.join(PRIVATE_OPS)} and "
+                             f"options among {OP_OPTIONS}, for the private_ops scenario; got {self.op} for the "
+                             f"{self.scenario} scenario")
         if self.normals not in NORMAL_DTYPE_NAMES:
             raise ValueError(f"case {self.id}: normals must be one of {', '.join(NORMAL_DTYPE_NAMES)}, "
                              f"got {self.normals!r}")
@@ -257,6 +270,7 @@ class Case:
             "bias": self.bias,
             "grad_mean": self.grad_mean,
             "grad_scale": self.grad_scale,
+            "op": list(self.op),
         }
 
     def sizes_at(self, step: int) -> tuple[int, ...]:
@@ -270,7 +284,7 @@ class Case:
     def from_dict(cls, d: dict) -> "Case":
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
-        for key in ("batch_sizes", "steps", "constant_channels", "ddp", "compile", "options", "rank_seeds"):
+        for key in ("batch_sizes", "steps", "constant_channels", "ddp", "compile", "options", "op", "rank_seeds"):
             if key in kw:
                 kw[key] = tuple(kw[key] or ())
         if kw.get("step_batch_sizes") is not None:

@@ -47,8 +47,9 @@ NCCL_MULTI_RANK = (2, 30)  # the first NCCL release that can put two ranks on on
 
 
 def system_selection() -> tuple[str, ...]:
-    """The selection flags for the default selection's training-system cases (DDP, training loops, conversion,
-    checkpoints), less the families too slow for the budget."""
+    """The selection flags for the default selection's cases of every scenario but ``layer`` (DDP, training loops,
+    conversion, checkpoints; and torch's private ops, the ``private-ops`` family: CUDA's real kernels op by op),
+    less the families too slow for the budget."""
     from harness import catalog
 
     cases = [c for c in catalog.select() if c.scenario != "layer" and c.family not in SLOW_ON_GPU]

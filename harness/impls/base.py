@@ -161,6 +161,14 @@ class Impl(abc.ABC):
         """Turn every SyncBN layer of ``model`` back into a BatchNorm with this implementation's own revert."""
         raise ImplUnavailable(f"{self.name} has no revert to BatchNorm (its capabilities say revert=False)")
 
+    def private_ops(self):
+        """Where this implementation keeps ops with the contract of torch's five private SyncBN ops
+        (``batch_norm_stats``, ``batch_norm_gather_stats_with_counts``, ``batch_norm_elemt``,
+        ``batch_norm_backward_reduce``, ``batch_norm_backward_elemt``: :mod:`harness.judge.private_ops`), as an
+        object with the ops as attributes, called in a rank process after :meth:`setup_rank`; None (most
+        implementations): it has none, and the ``private_ops`` scenario's cases are ``unsupported``."""
+        return None
+
     def forward(self, module, input):
         """Call the module, or a whole model containing it (adapters may wrap the call, e.g. in a context)."""
         return module(input)

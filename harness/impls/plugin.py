@@ -9,7 +9,9 @@ its fields for a plugin that does not import the harness) to declare limits.
 Without them, a ``convert_sync_batchnorm`` classmethod declares model
 conversion and a ``revert_sync_batchnorm`` one a revert to BatchNorm; a
 constructor without the keyword ``bias`` (nor ``**kwargs``) cannot build a
-layer without bias (``bias_off=False``), whatever it declares.
+layer without bias (``bias_off=False``), whatever it declares. A
+``private_ops`` attribute, an object whose attributes are its versions of
+torch's five private SyncBN ops, runs the ``private-ops`` family's cases.
 """
 
 from __future__ import annotations
@@ -100,6 +102,10 @@ class PluginImpl(Impl):
         if not callable(revert):
             return super().revert(model)
         return revert(model)
+
+    def private_ops(self):
+        """The class's ``private_ops`` attribute: an object with ops of torch's private SyncBN contract, or None."""
+        return getattr(self._load(), "private_ops", None)
 
     def build(self, case: Case, process_group, device: str):
         return construct_like_syncbn(self._load(), case, process_group)

@@ -306,6 +306,10 @@ class ReferenceImpl(Impl):
     def setup_rank(self, device: str) -> None:
         extension.load()
 
+    def private_ops(self):
+        """``torch.ops.syncbn_ref``: its kernels of the five ops of torch's contract (kernels/ops.cpp)."""
+        return torch.ops.syncbn_ref
+
     def build(self, case: Case, process_group, device: str):
         return construct_like_syncbn(SyncBatchNorm, case, process_group)
 

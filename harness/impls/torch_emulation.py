@@ -70,12 +70,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.modules._functions import SyncBatchNorm as SyncBNFunction
 
+from harness.catalog.case import PRIVATE_OPS
 from harness.impls import cuda_arith, cuda_contract, cuda_reduce
 from harness.errors import ImplUnavailable
 from harness.paths import TORCH_PATH, setting
 
-OPS = ("batch_norm_stats", "batch_norm_gather_stats_with_counts", "batch_norm_elemt",
-       "batch_norm_backward_reduce", "batch_norm_backward_elemt")
+OPS = PRIVATE_OPS  # the five ATen ops emulated (their names are spelled in the catalog)
 _library = None
 
 

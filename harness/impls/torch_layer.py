@@ -98,6 +98,10 @@ class TorchLayerAdapter(TorchImpl):
             return f"{self.name} brings a converter only; its layers are torch.nn.SyncBatchNorm's (see --impl torch)"
         return self.no_group_reason(case) or super().unsupported_reason(case, device)
 
+    def private_ops(self):
+        """None: the library brings no ops of its own (torch's are ``--impl torch``'s)."""
+        return None
+
     def library_converter(self) -> Callable:
         """The library's converter: ``(model, process_group)``, or ``(model)`` where it takes no group."""
         return super().converter()

@@ -41,7 +41,7 @@ class TorchImpl(Impl):
     def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
         """The capabilities' reason, else why CUDA's kernels refuse torch's SyncBN on ``case`` (either device)."""
         reason = super().unsupported_reason(case, device) or self.no_bias_reason(case)
-        if reason:
+        if reason or case.op:  # one of torch's ops called directly (private_ops): the module's calls are not made
             return reason
         from harness.impls import cuda_plan
 
@@ -91,6 +91,12 @@ class TorchImpl(Impl):
         d["mode"] = "native on cuda, cpu-emulation on cpu"
         d["cpu_path"] = torch_emulation.device_check_path()
         return d
+
+    def private_ops(self):
+        """torch's own ops (``torch.batch_norm_stats``, ...): CUDA's kernels, or the cpu-emulation's on CPU."""
+        import torch
+
+        return torch
 
     def build(self, case: Case, process_group, device: str):
         cls = self.syncbn_class()

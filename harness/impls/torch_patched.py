@@ -140,6 +140,10 @@ class PatchedTorchImpl(TorchImpl):
                                   "harness drives the installed torch's Function, not the copy's: run the copy on "
                                   "--device cuda, or use a torch whose check asks the privateuse1 backend (>= 2.1)")
 
+    def private_ops(self):
+        """None: a copy of torch's Python brings no ops of its own (the installed build's are ``--impl torch``'s)."""
+        return None
+
     def describe(self) -> dict:
         d = super().describe()
         d["source"] = {rel: str(p) for rel, p in copy_files(self.source).items()}

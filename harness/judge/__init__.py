@@ -12,6 +12,7 @@
 - :mod:`~harness.judge.desync`: the collectives the ranks issued, checked against each other;
 - :mod:`~harness.judge.status`: the verdict's words (a case's status, a rank's status and outcome);
 - :mod:`~harness.judge.mode`: how an implementation ran (native, cpu-emulation, ...), its notes apart;
+- :mod:`~harness.judge.private_ops`: torch's five private SyncBN ops as float64 formulas, their outputs judged;
 - :mod:`~harness.judge.plain_layer`: what ``nn.BatchNorm`` itself refuses, on CPU and on CUDA;
 - :mod:`~harness.judge.verdict`: every rule that sets a ran case's status, in order (pure).
 """

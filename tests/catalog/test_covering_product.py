@@ -26,6 +26,7 @@ PINNED = {
     "autocast": (19, 8, "a24609c15baa4ffa"),
     "conversion": (74, 37, "35eafbd95cb81421"),
     "fsdp": (12, 2, "e4f54ec054c745ea"),
+    "private-ops": (19, 19, "f064a7d784cddbfa"),
 }
 
 
