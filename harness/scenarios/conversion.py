@@ -114,13 +114,15 @@ def conversion_problems(before: dict, converted: nn.Module) -> list[str]:
     return problems
 
 
-def _global_truth(oracle: nn.Module, xs: list, gs: list, train: bool):
+def _global_truth(oracle: nn.Module, xs: list, gs: list, train: bool, magnitudes: Optional[list] = None):
     """Each rank's output, input gradient and share of every parameter gradient, from the float64 oracle.
 
     A rank's share of a parameter's gradient is what its own samples contribute to the gradient of the
     whole loss (what its SyncBN backward computes, and DDP sums). Every parameter here acts on each
     sample separately (a convolution's weights, a BatchNorm's affine), so that share is the gradient of
     the module's output with respect to the parameter, with the loss's gradient kept on that rank's rows.
+    ``magnitudes``: a list to receive, per rank, each share's size with its terms' signs dropped (the same
+    gradient with every upstream gradient made positive): what a share that cancels is rounded relative to.
     """
     oracle.train(train)
     leaves = [x.detach().to(torch.float64).requires_grad_(True) for x in xs]
@@ -161,6 +163,8 @@ def _global_truth(oracle: nn.Module, xs: list, gs: list, train: bool):
     grads = torch.autograd.grad(loss, leaves + outputs, retain_graph=True, allow_unused=True)
     gx = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads[:len(leaves)])]
     shares = [{n: torch.zeros_like(p) for n, p in oracle.named_parameters() if p.requires_grad} for _ in xs]
+    if magnitudes is not None:
+        magnitudes[:] = [{n: torch.zeros_like(t) for n, t in share.items()} for share in shares]
     bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
     for (names, copies, out), gy in zip(calls, grads[len(leaves):]):
         if gy is None:
@@ -174,6 +178,12 @@ def _global_truth(oracle: nn.Module, xs: list, gs: list, train: bool):
             for (_, p), g in zip(names, parts):
                 if g is not None:
                     shares[r][full_name[id(p)]] += g
+            if magnitudes is not None:
+                sizes_of = torch.autograd.grad(out, copies, grad_outputs=(gy * mask).abs(), retain_graph=True,
+                                               allow_unused=True)
+                for (_, p), g in zip(names, sizes_of):
+                    if g is not None:
+                        magnitudes[r][full_name[id(p)]] += g.abs()
     return ys, gx, shares
 
 
@@ -197,7 +207,8 @@ def run_step(case: Case, impl, device: str, rank: int, model: nn.Module, oracle:
     kind = case.steps[step]
     train = STEP_KINDS[kind] == "train"
     pdtype = DTYPES[case.param_dtype]
-    ys, gx, shares = _global_truth(oracle, xs, gs, train)
+    magnitudes: list = []
+    ys, gx, shares = _global_truth(oracle, xs, gs, train, magnitudes)
     reduction = sum(int(x.numel() // x.shape[1]) for x in xs)
     depth = 2 * len(user_models.batch_norms(oracle)) + 1
     key = partial(step_key, step, kind)
@@ -216,8 +227,12 @@ def run_step(case: Case, impl, device: str, rank: int, model: nn.Module, oracle:
     judge("grad_input", x.grad, gx[me], DTYPES[case.dtype])
     own = shares[me] if not averaged else {n: sum(sh[n] for sh in shares) / len(shares) for n in shares[me]}
     # A parameter gradient is a sum over the batch whose terms may cancel in one channel: its budget is relative
-    # to the tensor's largest element (and, for an average over ranks, to the shares' magnitudes).
-    scale = {n: own[n].abs() + own[n].abs().max() if own[n].numel() else own[n] for n in own}
+    # to the tensor's largest element (and, for an average over ranks, to the shares' magnitudes). Its terms
+    # may cancel in every channel, too: a bias just before a BatchNorm that normalizes the same batch gets exactly
+    # 0 over that batch (a rank's share of it in a one-rank case), computed as a rounding of its terms; so the
+    # terms' own size (the share with their signs dropped) is in the budget's scale as well.
+    own_size = magnitudes[me] if not averaged else {n: sum(m[n] for m in magnitudes) / len(magnitudes) for n in own}
+    scale = {n: own[n].abs() + own[n].abs().max() + own_size[n] if own[n].numel() else own[n] for n in own}
     if averaged:
         scale = {n: scale[n] + sum(sh[n].abs() for sh in shares) / len(shares) for n in own}
     named = model.module.named_parameters() if averaged else model.named_parameters()
