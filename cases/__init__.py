@@ -26,4 +26,6 @@ FAMILY_MODULES = (
     "cuda_graph",
     "scale",
     "search_found",
+    "no_group",
+    "inference",
 )

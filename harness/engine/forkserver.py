@@ -47,7 +47,7 @@ PRELOAD = ("harness.engine.rank", "harness.scenarios.layer", "harness.scenarios.
 DYNAMO_PRELOAD = ("harness.engine.warm_dynamo",)  # torch._dynamo and inductor's compiler, where no GPU is reachable
 
 # Scenarios whose ranks import torch._dynamo (optimizers, torch.compile); every other scenario never does.
-DYNAMO_SCENARIOS = ("model", "conversion", "checkpoint")
+DYNAMO_SCENARIOS = ("model", "conversion", "checkpoint", "inference")
 # Families whose cases all run a scenario outside DYNAMO_SCENARIOS (tests/engine/test_forkserver.py checks
 # this table against the catalog): a selection made only of these starts a forkserver without dynamo.
 LIGHT_FAMILIES = ("allgather-shape", "channels-last", "cuda-graph", "degenerate", "mixed-precision", "module-config",

@@ -23,6 +23,8 @@ and may have a third, asked in the parent before any rank runs the case:
 - :mod:`~harness.scenarios.checkpoint`: a converted model's checkpoint resumed at another world size, reverted to
   plain BatchNorm, or loaded on rank 0 under DDP;
 - :mod:`~harness.scenarios.cuda_graph`: a training step captured in a CUDA graph, replayed step by step;
+- :mod:`~harness.scenarios.inference`: a converted model trained on the ranks (or in a process without a process
+  group), then evaluated, traced and exported on CPU with its layers as shipped;
 - :mod:`~harness.scenarios.uses`: what users do around the model scenario's network (activation checkpointing,
   a gradient penalty, autocast, TorchScript, DDP's join), a ``Use`` class each;
 - :mod:`~harness.scenarios.across`: what a rank sends for the checks across ranks, and the bitwise check they
@@ -34,7 +36,7 @@ import importlib
 import sys
 from typing import Optional
 
-SCENARIOS = ("layer", "model", "conversion", "checkpoint", "cuda_graph")
+SCENARIOS = ("layer", "model", "conversion", "checkpoint", "cuda_graph", "inference")
 
 
 def module(name: str):
