@@ -122,15 +122,17 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
     data = materialize(case)
     metrics: list = []
     bitwise: dict[int, dict] = {}
-    for s, kind in enumerate(case.steps):
-        ctx.mark_step(s)
-        if STEP_KINDS[kind] == "train":
-            bitwise[s] = run_step(case, impl, device, ctx.rank, model, oracle, data.inputs[s], data.grad_outputs[s],
-                                  s, metrics)
-            continue
-        model = model.cpu()
-        with ctx.forbid_collectives("inference on CPU"):
-            bitwise[s] = infer(case, impl, model, oracle, data.inputs[s][ctx.rank].detach().clone(), s, metrics)
-    ctx.mark_step(None)
-    result.across = Across(bitwise=bitwise)
-    result.metrics = dict(metrics)
+    try:
+        for s, kind in enumerate(case.steps):
+            ctx.mark_step(s)
+            if STEP_KINDS[kind] == "train":
+                bitwise[s] = run_step(case, impl, device, ctx.rank, model, oracle, data.inputs[s],
+                                      data.grad_outputs[s], s, metrics)
+                continue
+            model = model.cpu()
+            with ctx.forbid_collectives("inference on CPU"):
+                bitwise[s] = infer(case, impl, model, oracle, data.inputs[s][ctx.rank].detach().clone(), s, metrics)
+        ctx.mark_step(None)
+    finally:  # what was judged before an exception stays in the record beside it (a traced program's mismatch)
+        result.across = Across(bitwise=bitwise)
+        result.metrics = dict(metrics)
