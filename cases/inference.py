@@ -10,7 +10,7 @@ Catches:
 - evaluation, tracing or export that moves the running statistics.
 
 Each case converts a model of :mod:`harness.scenarios.user_models` with the implementation's converter over the
-whole world, trains it two steps on the ranks (on CPU: torch in cpu-emulation), then every rank takes the trained
+whole world, trains it two steps on the ranks (on CPU: torch in cpu-emulation), then rank 0 takes the trained
 model to CPU with its layers as shipped (nothing of the harness answers torch's device check there) and runs its
 own batch eagerly, through ``torch.jit.trace`` and through ``torch.export.export``
 (:mod:`harness.scenarios.inference`): every output against the unconverted model in float64 in eval mode, with

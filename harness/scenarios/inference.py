@@ -11,9 +11,10 @@ Per rank: build the case's model (:mod:`harness.scenarios.user_models`), convert
 converter over the case's process group (None without one), and run the case's training steps exactly as the
 conversion scenario does (:func:`harness.scenarios.conversion.run_step`: output, input gradient, gradient shares
 and buffers against the unconverted model in float64 on the global batch). Every ``eval`` step (they come after
-the training steps) is inference: the trained model itself, moved to CPU and put in eval mode, its layers as the
-implementation ships them (:meth:`harness.impls.base.Impl.shipped`: in cpu-emulation torch's own ``forward``,
-its device check unanswered), runs this rank's batch of the step three ways (:data:`PROGRAMS`): eagerly,
+the training steps) is inference, on rank 0 alone (as a trained model is evaluated or exported once; the other
+ranks are done): the trained model itself, moved to CPU and put in eval mode, its layers as the implementation
+ships them (:meth:`harness.impls.base.Impl.shipped`: in cpu-emulation torch's own ``forward``, its device check
+unanswered), runs rank 0's batch of the step three ways (:data:`PROGRAMS`): eagerly,
 through ``torch.jit.trace`` and through ``torch.export.export`` (its ``module()``), each program made from that
 batch under ``torch.no_grad()``. Each program is called on that batch and on a second one of the same shape
 (:func:`second_batch`): a program that baked in a value of the first batch shows on the second. Every output is
@@ -129,9 +130,11 @@ def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[
                 bitwise[s] = run_step(case, impl, device, ctx.rank, model, oracle, data.inputs[s],
                                       data.grad_outputs[s], s, metrics)
                 continue
+            if ctx.rank != 0:  # rank 0 alone infers, as a trained model is exported once; the others are done
+                continue
             model = model.cpu()
             with ctx.forbid_collectives("inference on CPU"):
-                bitwise[s] = infer(case, impl, model, oracle, data.inputs[s][ctx.rank].detach().clone(), s, metrics)
+                bitwise[s] = infer(case, impl, model, oracle, data.inputs[s][0].detach().clone(), s, metrics)
         ctx.mark_step(None)
     finally:  # what was judged before an exception stays in the record beside it (a traced program's mismatch)
         result.across = Across(bitwise=bitwise)
