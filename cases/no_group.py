@@ -24,10 +24,13 @@ there, so every one is judged by nn.BatchNorm's semantics; no implementation is 
 Two kinds of case:
 - ``layer``: one layer built directly (``SyncBatchNorm(C)``, no converter), trained two steps and evaluated
   (:mod:`harness.scenarios.layer`), over its configuration (momentum, running statistics, affine), dtypes and
-  input (2-D, 4-D, channels_last); a pairwise covering array by default;
+  input (2-D, 4-D, channels_last); a pairwise covering array by default (half input never with momentum=None,
+  a pair the catalog leaves to search);
 - ``model``: a model converted with the implementation's converter (process group None), trained two steps,
   then evaluated, traced and exported on CPU as shipped (:mod:`harness.scenarios.inference`).
 """
+
+import itertools
 
 from harness.catalog import covering
 from harness.catalog.case import NO_GROUP, Case
@@ -62,6 +65,15 @@ def _model(model: str, dtype: str) -> Case:
                 default=(model, dtype) in DEFAULT_MODELS)
 
 
+def _allowed(config: str, dtypes: str, shape: str) -> tuple:
+    """The row, its half input swapped for float64 where it meets momentum=None: the catalog never has the two
+    together, a pair left to search (tests/support/search_defects.py, HalfInputCumulativeAverage)."""
+    return (config, "float64" if config == "momentum-none" and dtypes.startswith("float16") else dtypes, shape)
+
+
 def cases() -> list[Case]:
-    out = [_layer(*values, default) for values, default in covering.product(list(CONFIGS), list(DTYPES), list(INPUTS))]
+    factors = [list(CONFIGS), list(DTYPES), list(INPUTS)]
+    default = {_allowed(*row) for row in covering.pairwise(factors)}  # still covers every pair it may
+    rows = [row for row in itertools.product(*factors) if _allowed(*row) == row]
+    out = [_layer(*row, row in default) for row in rows]
     return out + [_model(m, d) for m in MODELS for d in MODEL_DTYPES]
