@@ -20,7 +20,7 @@ from harness.errors import UsageError
 
 FAMILIES = {"allgather-shape", "mixed-precision", "channels-last", "module-config", "process-group", "numerics",
             "training-loop", "ddp", "scale", "search", "degenerate", "validation", "activation-checkpoint",
-            "double-backward", "autocast", "script", "join"}
+            "double-backward", "autocast", "script", "join", "no-group", "inference"}
 ROOT = Path(__file__).resolve().parents[2]
 
 # The first input values and weights of two cases, as generated when these cases were written. A case's data
@@ -233,3 +233,17 @@ def test_a_rank_removed_leaves_the_others_data_as_it_was():
         assert torch.equal(big.grad_outputs[0][r], small.grad_outputs[0][r - 1])
     with pytest.raises(ValueError, match="one seed per rank"):
         space.make_case(**{**space.parameters(case), "rank_seeds": (1, 2)})
+
+
+def test_the_no_group_layers_cover_every_pair_but_half_input_with_momentum_none():
+    """A pairwise covering of (configuration, dtypes, input) by default, one rank and no process group each; the
+    pair (momentum=None, half input) is in no case at all (search_defects.HalfInputCumulativeAverage is search's)."""
+    full = [c for c in catalog.select(["no-group/layer/*"], exhaustive=True)]
+    assert all(c.world_size == 1 and c.backend == "no-group" for c in full)
+    assert not [c.id for c in full if c.momentum is None and c.dtype == "float16"]
+    rows = [tuple(c.id.split("/")[2:5]) for c in full]
+    factors = [sorted({r[i] for r in rows}) for i in range(3)]
+    default = [tuple(c.id.split("/")[2:5]) for c in full if c.default]
+    allowed = {(i, r[i], j, r[j]) for r in rows for i, j in itertools.combinations(range(3), 2)}
+    covered = {(i, r[i], j, r[j]) for r in default for i, j in itertools.combinations(range(3), 2)}
+    assert covered == allowed and len(default) <= len(rows) / 2 and len(factors[1]) == 3
