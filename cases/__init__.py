@@ -28,4 +28,6 @@ FAMILY_MODULES = (
     "private_ops",
     "scale",
     "search_found",
+    "no_group",
+    "inference",
 )

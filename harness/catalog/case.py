@@ -39,7 +39,10 @@ STEP_KINDS = {"train": "train", "fwd": "train", "nograd": "train", "eval": "eval
               "eval-subset": "eval"}
 TRAINING_KINDS = tuple(k for k, mode in STEP_KINDS.items() if mode == "train")  # the step kinds that train
 INPUT_LAYOUTS = ("dense", "permuted", "sliced")
-CASE_BACKENDS = (None, "nccl-contract", "list-contract")  # None: the run's backend
+# A case's own process-group backend (None: the run's). "no-group": no process group at all, the rank process never
+# initializes torch.distributed (a single process, as users test, debug or infer; world size 1).
+NO_GROUP = "no-group"
+CASE_BACKENDS = (None, "nccl-contract", "list-contract", NO_GROUP)
 # The conversion family's user models (harness.scenarios.user_models) and checkpoint round trips
 # (harness.scenarios.checkpoint): named here, so the catalog need not import the scenarios.
 CONVERSION_MODELS = ("bn-act", "lazy", "frozen", "config", "no-running-stats", "nested")
@@ -127,7 +130,8 @@ class Case:
     checkpoint: Optional[str] = None
     # The process-group backend of this case when it is not the run's: "nccl-contract" runs torch's non-gloo
     # code path on CPU (see harness.engine.nccl_contract); "list-contract" a backend with only the list
-    # all_gather, as MPI's (see harness.engine.list_contract).
+    # all_gather, as MPI's (see harness.engine.list_contract); "no-group" runs the case's one rank in a
+    # process with no process group at all (see harness.engine.rank).
     backend: Optional[str] = None
     # Run the case's module under torch.compile, and eagerly beside it (see harness.engine.compiled):
     # (backend, *options), e.g. ("aot_eager", "fullgraph"); () runs eagerly only.
@@ -182,6 +186,8 @@ class Case:
             raise ValueError(f"case id {self.id!r} must start with its family {self.family!r}/")
         if self.backend not in CASE_BACKENDS:
             raise ValueError(f"case {self.id}: backend must be one of {CASE_BACKENDS}")
+        if self.backend == NO_GROUP and (len(self.batch_sizes) != 1 or self.groups):
+            raise ValueError(f"case {self.id}: a case without a process group has one rank and no subgroups")
         if self.compile and (self.compile[0] not in COMPILE_BACKENDS or len(set(self.compile[1:])) != len(
                 self.compile) - 1 or any(o not in COMPILE_OPTIONS for o in self.compile[1:])):
             raise ValueError(f"case {self.id}: compile is (backend, *options) with a backend of {COMPILE_BACKENDS} "

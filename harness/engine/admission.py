@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from harness.catalog.case import NO_GROUP
 from harness.engine.messages import Task
 from harness.errors import ImplUnavailable
 from harness.judge.status import Status
@@ -62,6 +63,9 @@ def gpu_shortage(device: str, backend: str, world_size: int, gpus: int) -> Optio
 
 def fixed_backend(case, run_backend: str) -> Optional[str]:
     """Why a case that names its own backend cannot run in a torchrun job (None: it can)."""
+    if case.backend == NO_GROUP:
+        return "the case runs in one process without a process group, and a torchrun job's ranks have one: run it " \
+               "without torchrun"
     if case.backend_for(run_backend) != run_backend:
         return (f"the case runs over {case.backend}, and a torchrun job has one backend ({run_backend}): run it "
                 f"with --backend {case.backend}, or without torchrun")

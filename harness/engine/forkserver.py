@@ -1,8 +1,8 @@
 """How rank processes start: forked from a forkserver that has torch and the harness imported.
 
 A rank needs torch (a second or more of CPU to import), the harness's rank
-modules, the reference kernels and, for the scenarios that build optimizers
-or compile (:data:`DYNAMO_SCENARIOS`), ``torch._dynamo`` (another second:
+modules, the reference kernels and, for the scenarios that build optimizers,
+compile or export (:data:`DYNAMO_SCENARIOS`), ``torch._dynamo`` (another second:
 ``torch.optim`` imports it on the first optimizer) and inductor's compiler
 (the last two where no GPU can be reached, see :mod:`harness.engine.warm`). Imported once in the
 forkserver, each costs nothing per rank, and restarting a pool after a crash
@@ -46,8 +46,8 @@ PRELOAD = ("harness.engine.rank", "harness.scenarios.layer", "harness.scenarios.
            "harness.engine.warm_server")  # the reference kernels, best effort; the server's fast exit
 DYNAMO_PRELOAD = ("harness.engine.warm_dynamo",)  # torch._dynamo and inductor's compiler, where no GPU is reachable
 
-# Scenarios whose ranks import torch._dynamo (optimizers, torch.compile); every other scenario never does.
-DYNAMO_SCENARIOS = ("model", "conversion", "checkpoint", "revert")
+# Scenarios whose ranks import torch._dynamo (optimizers, torch.compile, torch.export); no other scenario does.
+DYNAMO_SCENARIOS = ("model", "conversion", "checkpoint", "revert", "inference")
 # Families whose cases all run a scenario outside DYNAMO_SCENARIOS (tests/engine/test_forkserver.py checks
 # this table against the catalog): a selection made only of these starts a forkserver without dynamo.
 LIGHT_FAMILIES = ("allgather-shape", "channels-last", "cuda-graph", "degenerate", "mixed-precision", "module-config",

@@ -11,7 +11,12 @@ rank, plain dicts only:
 
 A rank joins the process group over the parent's ``TCPStore`` (by port, with
 its rank given explicitly): nothing of the caller's rendezvous environment
-reaches it. Everything it prints, Python or C++, goes to its log file, which
+reaches it. A pool whose backend is ``no-group`` (``Case.backend``: one rank,
+as a single process without ``torch.distributed`` runs) joins nothing: there
+``torch.distributed.is_initialized()`` is False, as in a user's process that
+never called ``init_process_group``, and a collective raises.
+
+Everything it prints, Python or C++, goes to its log file, which
 the parent reads for crash reports; faulthandler writes a crash's traceback
 there and dumps every thread's stack there on SIGUSR1 (how the parent asks a
 silent rank where it is). Beside the log (:func:`calls_path`) the rank writes
@@ -43,7 +48,7 @@ import traceback
 from pathlib import Path
 from typing import Optional
 
-from harness.catalog.case import Case
+from harness.catalog.case import NO_GROUP, Case
 from harness.engine import compiled, list_contract, nccl_contract
 from harness.engine.collectives import (begin_task, forbid_collectives, install_recorder, mark_step, recorded,
                                        suspended)
@@ -317,13 +322,14 @@ def rank_main(rank: int, world_size: int, port: int, conn, log_path: str, parent
         gpu = gpu_index(rank, device, torch.cuda.device_count() if device == "cuda" else 0)
         if gpu is not None:
             torch.cuda.set_device(gpu)  # before init: nccl binds a rank's communicator to its current device
-        store = dist.TCPStore("127.0.0.1", port, world_size + 1, False, timeout=timedelta(START_TIMEOUT_S))
-        if backend == nccl_contract.NAME:
-            nccl_contract.register()
-        elif backend == list_contract.LIST_NAME:
-            list_contract.register_list_contract()
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                timeout=timedelta(START_TIMEOUT_S))
+        if backend != NO_GROUP:  # a pool without a process group: torch.distributed stays uninitialized
+            store = dist.TCPStore("127.0.0.1", port, world_size + 1, False, timeout=timedelta(START_TIMEOUT_S))
+            if backend == nccl_contract.NAME:
+                nccl_contract.register()
+            elif backend == list_contract.LIST_NAME:
+                list_contract.register_list_contract()
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                    timeout=timedelta(START_TIMEOUT_S))
         install_recorder(sink=calls_path(log_path))
         ctx = RankContext(rank, world_size)
         for key in setup_impls:
@@ -342,7 +348,8 @@ def rank_main(rank: int, world_size: int, port: int, conn, log_path: str, parent
         if msg.get("op") == "run":
             conn.send({"op": "result", "result": run_task(ctx, Task.from_dict(msg["task"])).to_dict()})
     try:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
     finally:
         logfile.flush()
         os._exit(0)

@@ -16,9 +16,13 @@ keeps the pool when the observations prove nothing is left in flight:
    member issued the same collectives in the same order (op, group, dtype,
    element count), so each one was matched on every rank and completed
    (a rank returns from a gloo collective only once its peers took part);
-5. every collective went through the recorder: the layer scenario without
-   ``torch.compile`` (DDP's reducer and a compiled graph talk below it,
-   unrecorded, so no fingerprint can prove them finished).
+5. every collective went through the recorder: the layer and inference
+   scenarios without ``torch.compile`` (the implementation's own collectives
+   only; DDP's reducer and a compiled graph talk below it, unrecorded, so no
+   fingerprint can prove them finished).
+
+A pool without a process group (``Case.backend == "no-group"``) has no
+transport to leave anything in: rules 1 and 2 suffice there.
 
 A task that passes these checks leaves every rank at the top of its loop,
 with the same process groups as a fresh pool and nothing pending; a test
@@ -30,10 +34,12 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
+from harness.catalog.case import NO_GROUP
 from harness.judge.call import read_calls
 from harness.judge.status import RankStatus
 
 REUSABLE_STATUSES = frozenset({RankStatus.PASS, RankStatus.MISMATCH, RankStatus.ERROR})
+RECORDED_SCENARIOS = ("layer", "inference")  # whose every collective is the implementation's own, recorded
 
 
 def fingerprints(collectives: Optional[list]) -> Optional[dict[tuple, list[tuple]]]:
@@ -76,12 +82,14 @@ def raised_in_collective(traceback: Optional[str]) -> bool:
 def reusable(case: dict, observations: Iterable, statuses: Iterable[RankStatus]) -> bool:
     """Whether the pool that ran ``case`` (a task's case dict) can run the next task (see the module docstring)."""
     obs = list(observations)
-    if case.get("scenario", "layer") != "layer" or case.get("compile"):
+    if case.get("scenario", "layer") not in RECORDED_SCENARIOS or case.get("compile"):
         return False
     if any(o.result is None or o.died for o in obs):
         return False
     if any(s not in REUSABLE_STATUSES for s in statuses):
         return False
+    if case.get("backend") == NO_GROUP:
+        return True
     if any(o.result.status is RankStatus.ERROR and raised_in_collective(o.result.traceback) for o in obs):
         return False
     return groups_agree({o.rank: o.result.collectives for o in obs})

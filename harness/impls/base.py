@@ -6,7 +6,8 @@ Protocol: an adapter is a small class that says what it supports
 raises :class:`~harness.errors.ImplUnavailable` with the reason), prepares a
 rank process once (``setup_rank``), builds one module per rank (``build``),
 converts a whole model (``convert``), reverts one to BatchNorm where it has a
-revert of its own (``revert``) and calls the module (``forward``).
+revert of its own (``revert``), calls the module (``forward``) and, for
+inference, gives its layers back as shipped (``shipped``).
 Anything the adapter does not support is reported ``unsupported`` with the
 reason from :meth:`Impl.unsupported_reason`, never silently dropped.
 """
@@ -172,6 +173,13 @@ class Impl(abc.ABC):
     def forward(self, module, input):
         """Call the module, or a whole model containing it (adapters may wrap the call, e.g. in a context)."""
         return module(input)
+
+    def shipped(self, model):
+        """A context in which the layers of ``model`` run as the implementation ships them, with nothing of the
+        harness answering for them (torch's cpu-emulation undone for the block, see
+        :meth:`harness.impls.torch_native.TorchImpl.shipped`): inference on CPU judges the layers a user's
+        inference process has. Most adapters add nothing to their layers: an empty context."""
+        return contextlib.nullcontext()
 
     def before_compile(self) -> None:  # noqa: B027 - most adapters have nothing to hide from dynamo
         """Called in a rank process before a case is compiled: hide adapter Python that only ever runs

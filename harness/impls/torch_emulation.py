@@ -34,7 +34,8 @@ on the class in rank processes: the "module" path. Nothing else in the process
 sees the answer, so FakeTensor, dynamo and inductor, which ask the same lookup
 for their own purposes, still see ``privateuseone``; and ``torch.compile``
 traces the same function it would on a GPU, where the lookup is
-constant-folded too. Releases whose check reads ``input.is_cuda`` get
+constant-folded too (:func:`as_shipped` puts torch's own back for a block:
+inference judged as shipped). Releases whose check reads ``input.is_cuda`` get
 :class:`FunctionDriven`, which repeats the module's bookkeeping and calls
 torch's autograd Function directly: the "function" path.
 ``SYNCBN_HARNESS_TORCH_PATH=module|function`` forces one. Seen: torch 2.13
@@ -297,7 +298,30 @@ def accept_cpu_in_module(cls=None) -> None:
     forward.__qualname__, forward.__module__, forward.__doc__ = (original.__qualname__, original.__module__,
                                                                  original.__doc__)
     forward._syncbn_harness_accepts_cpu = True
+    forward._syncbn_harness_shipped = original  # what :func:`as_shipped` puts back for a block
     cls.forward = forward
+
+
+@contextlib.contextmanager
+def as_shipped(cls, model):
+    """For the block, ``model``'s layers of ``cls`` (torch's SyncBatchNorm, or a patched copy) run torch's code as
+    shipped: ``cls.forward`` is torch's own again (:func:`accept_cpu_in_module` undone, so nothing answers its
+    device check), and layers of :class:`FunctionDriven` (the function path) are of ``cls`` again. Both come back
+    after the block. The five ops' CPU kernels stay registered: an evaluation never calls them."""
+    patched = cls.__dict__.get("forward")
+    original = getattr(patched, "_syncbn_harness_shipped", None)
+    driven = [m for m in model.modules() if type(m) is FunctionDriven]
+    if original is not None:
+        cls.forward = original
+    for m in driven:
+        m.__class__ = cls
+    try:
+        yield
+    finally:
+        for m in driven:
+            m.__class__ = FunctionDriven
+        if original is not None:
+            cls.forward = patched
 
 
 class _AnswerCpu(ast.NodeTransformer):

@@ -1,7 +1,11 @@
 """Adapter for ``torch.nn.SyncBatchNorm``: native on CUDA, torch's own code over our kernels on CPU.
 
 On CPU the mode is ``cpu-emulation`` (see :mod:`harness.impls.torch_emulation`
-for exactly which parts are torch's and which are ours).
+for exactly which parts are torch's and which are ours), except in a process
+without a process group (``Case.backend == "no-group"``), where torch's layer
+never synchronizes and runs as shipped (mode ``native``). Inference judged as
+shipped (:meth:`TorchImpl.shipped`) undoes the emulation's answer to the
+device check for its block.
 
 On both devices, a case whose dtypes torch's CUDA kernels refuse, as
 ``nn.BatchNorm`` on CUDA does too (float32 input with float64 parameters: the
@@ -75,7 +79,9 @@ class TorchImpl(Impl):
         return torch.nn.SyncBatchNorm
 
     def setup_rank(self, device: str) -> None:
-        if device == "cpu":
+        """On CPU in a process with a process group: cpu-emulation. Without one (a ``no-group`` pool) torch's layer
+        never synchronizes and runs natively, as shipped (``F.batch_norm`` on CPU), so nothing is installed."""
+        if device == "cpu" and _grouped():
             from harness.impls import torch_emulation
 
             torch_emulation.install()
@@ -122,6 +128,16 @@ class TorchImpl(Impl):
                     m.__class__ = FunctionDriven  # same state; forward drives torch's Function directly
         return converted
 
+    def shipped(self, model):
+        """In cpu-emulation, torch's layers of ``model`` as torch ships them for the block: the class's own
+        ``forward`` (its device check unanswered) and, on the function path, torch's class instead of
+        :class:`~harness.impls.torch_emulation.FunctionDriven`. Natively there is nothing to undo."""
+        if self.mode is not Mode.CPU_EMULATION:
+            return super().shipped(model)
+        from harness.impls import torch_emulation
+
+        return torch_emulation.as_shipped(self.syncbn_class(), model)
+
     def before_compile(self) -> None:
         """In cpu-emulation, the Python CPU kernels of the five ATen ops are skipped by dynamo (a GPU's are C++)."""
         if self.mode is Mode.CPU_EMULATION:
@@ -137,3 +153,10 @@ class TorchImpl(Impl):
             self.ddp_note = "DDP's CPU SyncBatchNorm check skipped"
             return torch_emulation.ddp_accepts_cpu_syncbn()
         return super().ddp_guard()
+
+
+def _grouped() -> bool:
+    """Whether this process has a process group (``torch.distributed`` initialized)."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()

@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from harness.catalog.case import Case
+from harness.catalog.case import NO_GROUP, Case
 from harness.engine.collectives import install_recorder
 from harness.engine.list_contract import LIST_NAME, register_list_contract
 from harness.engine.nccl_contract import NAME, register
@@ -117,6 +117,10 @@ class ReproImpl:
     def before_compile(self):
         """Nothing of this file's adapter runs from the dispatcher, so nothing to hide from dynamo."""
 
+    def shipped(self, model):
+        """Nothing of this file answers for the layers: they always run as shipped."""
+        return contextlib.nullcontext()
+
 
 class ReproContext(RankContext):
     """A rank's context whose only implementation is the one under test."""
@@ -137,16 +141,18 @@ def _rank_entry(rank: int, world_size: int, port: int, outdir: str) -> None:
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=TIMEOUT_S)
-    store = dist.TCPStore("127.0.0.1", port, world_size + 1, False, timeout=timeout)
-    if BACKEND == NAME:
-        register()
-    elif BACKEND == LIST_NAME:
-        register_list_contract()
-    dist.init_process_group(BACKEND, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    if BACKEND != NO_GROUP:  # a case without a process group: torch.distributed stays uninitialized
+        store = dist.TCPStore("127.0.0.1", port, world_size + 1, False, timeout=timeout)
+        if BACKEND == NAME:
+            register()
+        elif BACKEND == LIST_NAME:
+            register_list_contract()
+        dist.init_process_group(BACKEND, store=store, rank=rank, world_size=world_size, timeout=timeout)
     try:
         result = one_rank(rank, world_size)
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():
+            dist.destroy_process_group()
     with open(os.path.join(outdir, f"rank{rank}.json"), "w") as f:
         json.dump(result.to_dict(), f)
 
@@ -207,6 +213,8 @@ def torchrun_rank() -> tuple[list[RankResult], int]:
         sys.exit(2)
     if DEVICE == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if BACKEND == NO_GROUP:  # one process, no process group: torchrun's own is not joined
+        return [one_rank(0, 1)], 0
     if BACKEND == NAME:
         register()
     elif BACKEND == LIST_NAME:

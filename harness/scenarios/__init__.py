@@ -28,6 +28,8 @@ and may have a third, asked in the parent before any rank runs the case:
 - :mod:`~harness.scenarios.cuda_graph`: a training step captured in a CUDA graph, replayed step by step;
 - :mod:`~harness.scenarios.private_ops`: one of torch's five private SyncBN ops on fixed inputs, output by output
   against its float64 contract (:mod:`harness.judge.private_ops`);
+- :mod:`~harness.scenarios.inference`: a converted model trained on the ranks (or in a process without a process
+  group), then evaluated, traced and exported on CPU with its layers as shipped;
 - :mod:`~harness.scenarios.uses`: what users do around the model scenario's network (activation checkpointing,
   a gradient penalty, autocast, autocast with a GradScaler, TorchScript, DDP's join), a ``Use`` class each;
 - :mod:`~harness.scenarios.across`: what a rank sends for the checks across ranks, and the bitwise check they
@@ -39,7 +41,7 @@ import importlib
 import sys
 from typing import Optional
 
-SCENARIOS = ("layer", "model", "conversion", "checkpoint", "cuda_graph", "revert", "private_ops")
+SCENARIOS = ("layer", "model", "conversion", "checkpoint", "cuda_graph", "revert", "private_ops", "inference")
 
 
 def module(name: str):

@@ -20,7 +20,7 @@ from harness.errors import UsageError
 
 FAMILIES = {"allgather-shape", "mixed-precision", "channels-last", "module-config", "process-group", "numerics",
             "training-loop", "ddp", "scale", "search", "degenerate", "validation", "activation-checkpoint",
-            "double-backward", "autocast", "script", "join"}
+            "double-backward", "autocast", "script", "join", "no-group", "inference"}
 ROOT = Path(__file__).resolve().parents[2]
 
 # The first input values and weights of two cases, as generated when these cases were written. A case's data
@@ -265,3 +265,17 @@ def test_upstream_gradients_are_scaled_and_shifted_as_the_case_says():
     for ga, gb, xa, xb in zip(a.grad_outputs[0], b.grad_outputs[0], a.inputs[0], b.inputs[0]):
         assert torch.equal(xa, xb) and torch.equal((ga + 1.0) * 64.0, gb)
     assert scaled.params()["grad_scale"] == 64.0 and plain.params()["grad_mean"] == 0.0
+
+
+def test_the_no_group_layers_cover_every_pair_but_half_input_with_momentum_none():
+    """A pairwise covering of (configuration, dtypes, input) by default, one rank and no process group each; the
+    pair (momentum=None, half input) is in no case at all (search_defects.HalfInputCumulativeAverage is search's)."""
+    full = [c for c in catalog.select(["no-group/layer/*"], exhaustive=True)]
+    assert all(c.world_size == 1 and c.backend == "no-group" for c in full)
+    assert not [c.id for c in full if c.momentum is None and c.dtype == "float16"]
+    rows = [tuple(c.id.split("/")[2:5]) for c in full]
+    factors = [sorted({r[i] for r in rows}) for i in range(3)]
+    default = [tuple(c.id.split("/")[2:5]) for c in full if c.default]
+    allowed = {(i, r[i], j, r[j]) for r in rows for i, j in itertools.combinations(range(3), 2)}
+    covered = {(i, r[i], j, r[j]) for r in default for i, j in itertools.combinations(range(3), 2)}
+    assert covered == allowed and len(default) <= len(rows) / 2 and len(factors[1]) == 3

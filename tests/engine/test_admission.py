@@ -16,6 +16,7 @@ from harness.selection import RunOptions
 LAYER = "allgather-shape/even-4-4/float32-float32/contiguous/ws2"
 OWN_BACKEND = "allgather-shape/even-4-4/float32-float32/contiguous/ws2/nccl-contract"
 CUDA_GRAPH = "cuda-graph/even/ws2"
+NO_GROUP = "no-group/layer/default/float32/2d/ws1/no-group"
 
 
 class Scripted:
@@ -57,6 +58,8 @@ def test_unavailable_names_each_implementation_that_cannot_run_and_why():
     # 3. torchrun has one backend: a case naming its own cannot run there, and the reason says what to do
     (Scripted("ok"), OWN_BACKEND, RunOptions(), {"gpus": None, "one_backend": True}, "unsupported"),
     (Scripted("ok"), OWN_BACKEND, RunOptions(), {"gpus": None}, None),
+    (Scripted("ok"), NO_GROUP, RunOptions(), {"gpus": None, "one_backend": True}, "unsupported"),
+    (Scripted("ok"), NO_GROUP, RunOptions(), {"gpus": None}, None),
     # 4. nccl wants a GPU per rank (the local pool only: gpus=None is torchrun's agents' business)
     (Scripted("ok"), LAYER, RunOptions(device="cuda"), {"gpus": 1},
      Refusal(Status.SKIPPED, gpu_shortage("cuda", "nccl", 2, 1))),
@@ -72,6 +75,8 @@ def test_refusal_follows_the_stated_order(impl, case_id, opts, kwargs, expected)
         assert got == expected
     if case_id == OWN_BACKEND and got is not None:
         assert "--backend nccl-contract" in got.reason and "without torchrun" in got.reason
+    if case_id == NO_GROUP and got is not None:  # no --backend makes a process group-less run
+        assert "--backend" not in got.reason and "without torchrun" in got.reason
 
 
 def test_gpu_shortage_is_about_nccl_on_cuda_only():

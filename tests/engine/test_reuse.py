@@ -62,6 +62,18 @@ def test_the_rule():
     assert not reusable(LAYER, [obs(0, traceback=inside), obs(1)], [RankStatus.ERROR, RankStatus.ERROR])
     assert not reusable({"scenario": "model"}, both, [RankStatus.ERROR] * 2)  # DDP talks below the recorder
     assert not reusable({"scenario": "layer", "compile": ["inductor"]}, both, [RankStatus.ERROR] * 2)
+    assert reusable({"scenario": "inference"}, both, [RankStatus.ERROR] * 2)  # the implementation's own, recorded
+
+
+def test_a_pool_without_a_process_group_has_nothing_in_flight():
+    """No transport exists: an exception raised inside torch.distributed (it refused: no group) leaves nothing."""
+    alone = {"scenario": "layer", "backend": "no-group"}
+    refused = 'File "/x/torch/distributed/distributed_c10d.py", in get_world_size\nValueError: not initialized'
+    assert reusable(alone, [obs(0, traceback=refused)], [RankStatus.ERROR])
+    assert reusable({**alone, "scenario": "inference"}, [obs(0, RankStatus.MISMATCH)], [RankStatus.MISMATCH])
+    assert not reusable(alone, [Observation(rank=0, died=True)], [RankStatus.CRASH])
+    assert not reusable(alone, [Observation(rank=0)], [RankStatus.HANG])
+    assert not reusable({**alone, "scenario": "model"}, [obs(0)], [RankStatus.ERROR])
 
 
 @pytest.fixture

@@ -172,3 +172,24 @@ def test_the_file_takes_the_torchrun_path_only_when_torchrun_started_it(monkeypa
     assert not standalone.under_torchrun() and not launcher.under_torchrun()
     monkeypatch.setenv("RANK", "0")
     assert standalone.under_torchrun() and launcher.under_torchrun()
+
+
+@pytest.mark.slow(18)
+def test_a_long_repro_of_a_case_without_a_process_group_never_makes_one(plugins, tmp_path):
+    """The file's rank joins nothing (``BACKEND == "no-group"``): a SyncBN that needs a group fails there alone."""
+    support = Path(__file__).resolve().parents[1] / "support"
+    for module in ("textbook.py", "inference_defects.py"):
+        (plugins / module).write_text((support / module).read_text())
+    case = "no-group/layer/default/float32/2d/ws1/no-group"
+    files = {}
+    for name in ("inference_defects:TrainsOnlyInAGroup", "textbook:TextbookSyncBN"):
+        files[name] = tmp_path / f"repro_{name.split(':')[1]}.py"
+        env = {**os.environ, "PYTHONPATH": str(plugins)}
+        proc = run_here(["repro", case, "--impl", name, "-o", str(files[name]), "--long", "--no-run"], env=env)
+        assert proc.returncode == 0, proc.stderr
+    bad = run_standalone(files["inference_defects:TrainsOnlyInAGroup"], plugins, launcher=(sys.executable,))
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "Default process group has not been initialized" in bad.stdout + bad.stderr
+    assert "the repro imported the harness" not in bad.stderr
+    good = run_standalone(files["textbook:TextbookSyncBN"], plugins, launcher=(sys.executable,))
+    assert good.returncode == 0, good.stdout + good.stderr

@@ -34,11 +34,13 @@ class _GatherFn(torch.autograd.Function):
         mean = xd.mean(_dims(x)) if n else torch.zeros(c, dtype=torch.float64)
         m2 = ((xd - mean.view(_bshape(x))) ** 2).sum(_dims(x)) if n else torch.zeros(c, dtype=torch.float64)
         row = torch.cat([torch.tensor([float(n)], dtype=torch.float64), mean, m2])
-        alone = dist.get_world_size(group) == 1  # a group of one has nothing to synchronize
-        rows = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
+        # No process group (nn.BatchNorm over the local batch, as torch's falls back), or a group of one: nothing
+        # to synchronize.
+        alone = not dist.is_initialized() or dist.get_world_size(group) == 1
         if alone:
             rows = [row]
         else:
+            rows = [torch.empty_like(row) for _ in range(dist.get_world_size(group))]
             dist.all_gather(rows, row, group=group)
         rows = torch.stack(rows)
         counts, means, m2s = rows[:, 0], rows[:, 1:1 + c], rows[:, 1 + c:]
