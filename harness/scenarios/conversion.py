@@ -189,8 +189,6 @@ def _global_truth(oracle: nn.Module, xs: list, gs: list, train: bool, *, floors:
     grads = torch.autograd.grad(loss, leaves + outputs, retain_graph=True, allow_unused=True)
     gx = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads[:len(leaves)])]
     shares = [{n: torch.zeros_like(p) for n, p in oracle.named_parameters() if p.requires_grad} for _ in xs]
-    if magnitudes is not None:
-        magnitudes[:] = [{n: torch.zeros_like(t) for n, t in share.items()} for share in shares]
     bounds = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
     for (names, copies, out), gy in zip(calls, grads[len(leaves):]):
         if gy is None:
