@@ -174,9 +174,14 @@ def page_command(results, out, check):
     from harness.undo import outcomes
     from harness.undo.page import markdown, problems, survivors
 
+    from harness.undo import sources
+    from harness.undo.mutants import mutants
+    from harness.undo.sweep import installed_text
+
     fixes, explained = fixes_mod.load(), survivors()
     fix_data, mutant_data = outcomes.load(Path(results) / "fixes.json"), outcomes.load(Path(results) / "mutants.json")
-    text = markdown(fixes, fix_data, mutant_data, explained)
+    made = sum(1 for rel in sources.FILES for _ in mutants(rel, installed_text(rel)))
+    text = markdown(fixes, fix_data, mutant_data, explained, made)
     left = problems(fixes, fix_data["rows"], mutant_data["rows"], explained)
     if check:
         stale = not Path(out).exists() or Path(out).read_text() != text

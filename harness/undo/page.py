@@ -112,14 +112,16 @@ def problems(fixes: list, fix_rows: dict, mutant_rows: dict, explained: dict[str
     return out
 
 
-def markdown(fixes: list, fix_data: dict, mutant_data: dict, explained: dict[str, str]) -> str:
-    """The page (see the module's note)."""
+def markdown(fixes: list, fix_data: dict, mutant_data: dict, explained: dict[str, str], made: int = 0) -> str:
+    """The page (see the module's note); ``made``: how many mutants the installed files give (the page says how
+    many of them ran)."""
     fix_rows, mutant_rows = fix_data.get("rows", {}), mutant_data.get("rows", {})
     lines = ["# SyncBatchNorm's upstream changes, undone one at a time", "",
              "Each change to SyncBatchNorm's Python since torch 1.0 (`cases/syncbn_fixes.toml`) is undone on the",
              "installed build, alone, and the undone file runs as `--impl torch@DIR` until a case's record",
              "differs from the unchanged file's (`harness/undo/`). Then every small mutation of the same code",
-             "runs the same way. This page is made from the results files beside it: `docs/torch-fixes/`.", "",
+             "runs the same way. This page is made from the results files beside it: `docs/torch-fixes/`.",
+             "How it works: [undoing-fixes.md](undoing-fixes.md). Back to the [README](../README.md).", "",
              "Regenerate (about 40 minutes on 2 cores, most of it the surviving mutants):", "", "```",
              COMMAND_FIXES, COMMAND_MUTANTS, COMMAND_PAGE, "```", ""]
     runs = Counter((r.get("torch"), r.get("date"), r.get("harness")) for r in fix_rows.values())
@@ -147,6 +149,9 @@ def markdown(fixes: list, fix_data: dict, mutant_data: dict, explained: dict[str
         by_op = Counter()
         for row in mutant_rows.values():
             by_op[(row["operator"], bool(row.get("case") or row.get("reason")))] += 1
+        if made > len(mutant_rows):
+            lines += [f"{len(mutant_rows)} of the {made} mutants of the installed files have run (a sample: "
+                      f"`--sample`); the others have not, and nothing is claimed of them.", ""]
         lines += ["| operator | mutants | killed | survive |", "|---|---|---|---|"]
         for op in sorted({o for o, _ in by_op}):
             killed, alive = by_op[(op, True)], by_op[(op, False)]

@@ -25,11 +25,14 @@ def committed():
             page.survivors())
 
 
-def test_every_change_and_every_mutant_of_the_installed_files_has_a_result(committed):
+def _made() -> set[str]:
+    return {m.id for rel in sources.FILES for m in mutants(rel, installed_text(rel))}
+
+
+def test_every_change_has_a_result_and_every_mutant_result_is_of_a_mutant_still_made(committed):
     changes, fix_data, mutant_data, _ = committed
     assert {f.id for f in changes} == set(fix_data["rows"])
-    made = {m.id for rel in sources.FILES for m in mutants(rel, installed_text(rel))}
-    assert made == set(mutant_data["rows"]), "mutants without a result, or results of mutants no longer made"
+    assert mutant_data["rows"] and set(mutant_data["rows"]) <= _made(), "results of mutants no longer made"
 
 
 def test_the_sweeps_leave_nothing_unexplained(committed):
@@ -48,5 +51,5 @@ def test_every_fix_and_feature_is_caught_or_says_why_not(committed):
 def test_the_page_is_what_the_results_make(committed):
     changes, fix_data, mutant_data, explained = committed
     assert (ROOT / "docs" / "torch-fixes.md").read_text() == page.markdown(changes, fix_data, mutant_data,
-                                                                           explained), \
+                                                                           explained, len(_made())), \
         "docs/torch-fixes.md is stale: run `syncbn-harness undo page`"
