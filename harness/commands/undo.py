@@ -196,4 +196,4 @@ def page_command(results, out, check):
 
 def _describe(patterns, exhaustive: bool) -> str:
     what = "the full product" if exhaustive else "the default selection"
-    return f"{what}{' matching ' + ', '.join(patterns) if patterns else ''}"
+    return f"{what}{' matching ' + ', '.join(f'`{p}`' for p in patterns) if patterns else ''}"

@@ -122,12 +122,13 @@ def markdown(fixes: list, fix_data: dict, mutant_data: dict, explained: dict[str
              "differs from the unchanged file's (`harness/undo/`). Then every small mutation of the same code",
              "runs the same way. This page is made from the results files beside it: `docs/torch-fixes/`.",
              "How it works: [undoing-fixes.md](undoing-fixes.md). Back to the [README](../README.md).", "",
-             "Regenerate (about 40 minutes on 2 cores, most of it the surviving mutants):", "", "```",
+             "Regenerate (over an hour on two cores over the whole default selection, most of it the variants",
+             "that survive; `--case` narrows it, and each run below names the cases it used):", "", "```",
              COMMAND_FIXES, COMMAND_MUTANTS, COMMAND_PAGE, "```", ""]
-    runs = Counter((r.get("torch"), r.get("date"), r.get("harness")) for r in fix_rows.values())
-    runs.update((r.get("torch"), r.get("date"), r.get("harness")) for r in mutant_rows.values())
-    for (torch, date, commit), n in sorted(runs.items(), key=lambda kv: str(kv[0])):
-        lines.append(f"- {n} rows checked on torch {torch}, {date}, harness {commit}")
+    runs = Counter((r.get("torch"), r.get("date"), r.get("harness"), r.get("selection")) for r in fix_rows.values())
+    runs.update((r.get("torch"), r.get("date"), r.get("harness"), r.get("selection")) for r in mutant_rows.values())
+    for (torch, date, commit, selection), n in sorted(runs.items(), key=lambda kv: str(kv[0])):
+        lines.append(f"- {n} rows checked on torch {torch}, {date}, harness {commit}, over {selection}")
     lines += ["", "## The changes", "",
               "| change | PR | release | kind | undone by | outcome |", "|---|---|---|---|---|---|"]
     kinds = Counter()
