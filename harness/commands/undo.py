@@ -94,21 +94,24 @@ def fixes_command(only, sources, fixes_file, dry_run, show_diff, patterns, exhau
                                                         text.text.splitlines(True), "installed", fix.id, n=1)))
         return
     cases = _cases(patterns, exhaustive, [p for f in run for p in f.cases])
+    run_header = outcomes.header(_describe(patterns, exhaustive), patterns, exhaustive) if out else {}
     rows = {}
     with Sweep(cases, RunOptions(timeout=timeout)) as sweep:
         for fix in run:
             text, how = fixes_mod.undone(fix, installed_text(fix.file), Path(sources) if sources else None)
             if not text.ok:
                 rows[fix.id] = outcomes.row(None, undo_error=text.reason)
+                if out:
+                    outcomes.merge(Path(out), {fix.id: rows[fix.id]}, run_header, {f.id for f in chosen})
                 click.echo(f"{fix.id:<10} not undone: {text.reason}")
                 continue
             verdict = sweep.judge(Variant(fix.id, {fix.file: text.text}, fix.cases))
             rows[fix.id] = outcomes.row(verdict, undone_by=how, hunks=text.hunks)
+            if out:  # row by row: an interrupted sweep keeps what it judged
+                outcomes.merge(Path(out), {fix.id: rows[fix.id]}, run_header, {f.id for f in chosen})
             said = (f"caught by {verdict.case} ({verdict.control} -> {verdict.status})" if verdict.case else
                     f"caught: {verdict.reason}" if verdict.reason else f"NOT CAUGHT after {verdict.ran} cases")
             click.echo(f"{fix.id:<10} {said}  [{verdict.seconds:.1f}s, undone by {how}]")
-    if out:
-        outcomes.merge(Path(out), rows, outcomes.header(_describe(patterns, exhaustive)), {f.id for f in chosen})
     left = problems(run, rows, {}, {})
     for p in left:
         click.echo(f"unexplained: {p}", err=True)
@@ -143,16 +146,17 @@ def mutants_command(operators, globs, sample, seed, patterns, exhaustive, timeou
     if not run:
         raise UsageError(f"--mutant {', '.join(globs)}: no mutant matches; `syncbn-harness undo mutants --help`")
     explained = survivors()
+    run_header = outcomes.header(_describe(patterns, exhaustive), patterns, exhaustive) if out else {}
+    keep = {m.id for m in every} if not operators else None
     rows = {}
     with Sweep(_cases(patterns, exhaustive), RunOptions(timeout=timeout)) as sweep:
         for i, m in enumerate(run, 1):
             verdict = sweep.judge(Variant(m.id, {m.rel: m.text}))
             rows[m.id] = outcomes.row(verdict, operator=m.operator)
+            if out:  # row by row: an interrupted sweep keeps what it judged
+                outcomes.merge(Path(out), {m.id: rows[m.id]}, run_header, keep)
             said = verdict.case or verdict.reason[:60] or f"SURVIVES {verdict.ran} cases"
             click.echo(f"[{i}/{len(run)}] {m.id[:90]}  {said}  [{verdict.seconds:.1f}s]")
-    if out:
-        keep = {m.id for m in every} if not operators else None
-        outcomes.merge(Path(out), rows, outcomes.header(_describe(patterns, exhaustive)), keep)
     left = problems([], {}, rows, {k: v for k, v in explained.items() if k in rows})
     for p in left:
         click.echo(f"unexplained: {p}", err=True)

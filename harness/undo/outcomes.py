@@ -22,8 +22,9 @@ from harness.errors import UsageError
 SCHEMA = 1
 
 
-def header(selection: str) -> dict:
-    """What every row of one run shares: the build, the harness commit, the date, the cases."""
+def header(selection: str, patterns=(), exhaustive: bool = False) -> dict:
+    """What every row of one run shares: the build, the harness commit, the date, the cases (in words, and the
+    ``--case`` patterns and ``--exhaustive`` that chose them, so the run can be repeated)."""
     import torch
 
     from harness.gpu_suite.machine import provenance
@@ -31,7 +32,8 @@ def header(selection: str) -> dict:
     here = provenance()
     commit = (here.commit or "unknown")[:12] + ("" if here.clean in (True, None) else "+changes")
     return {"torch": torch.__version__, "torch_git": getattr(torch.version, "git_version", ""),
-            "harness": commit, "date": dt.date.today().isoformat(), "selection": selection}
+            "harness": commit, "date": dt.date.today().isoformat(), "selection": selection,
+            "patterns": list(patterns), "exhaustive": exhaustive}
 
 
 def row(verdict, **extra) -> dict:
