@@ -109,9 +109,10 @@ def fixes_command(only, sources, fixes_file, dry_run, show_diff, patterns, exhau
             rows[fix.id] = outcomes.row(verdict, undone_by=how, hunks=text.hunks)
             if out:  # row by row: an interrupted sweep keeps what it judged
                 outcomes.merge(Path(out), {fix.id: rows[fix.id]}, run_header, {f.id for f in chosen})
-            said = (f"caught by {verdict.case} ({verdict.control} -> {verdict.status})" if verdict.case else
-                    f"caught: {verdict.reason}" if verdict.reason else f"NOT CAUGHT after {verdict.ran} cases")
-            click.echo(f"{fix.id:<10} {said}  [{verdict.seconds:.1f}s, undone by {how}]")
+            said = (f"{verdict.case} ({verdict.control} -> {verdict.status})" if verdict.case else
+                    f"the copy does not load: {verdict.reason}" if verdict.reason else
+                    f"NOT CAUGHT after {verdict.ran} cases")
+            click.echo(f"{fix.id:<8} {how} {said} {verdict.seconds:.0f}s")
     left = problems(run, rows, {}, {})
     for p in left:
         click.echo(f"unexplained: {p}", err=True)

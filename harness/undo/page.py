@@ -158,10 +158,13 @@ def markdown(fixes: list, fix_data: dict, mutant_data: dict, explained: dict[str
             killed, alive = by_op[(op, True)], by_op[(op, False)]
             lines.append(f"| {op} | {killed + alive} | {killed} | {alive} |")
         alive = [i for i, r in mutant_rows.items() if not (r.get("case") or r.get("reason"))]
-        lines += ["", f"{len(alive)} survive; each is explained in `cases/syncbn_mutants.toml`:", "",
-                  "| mutant | why it survives |", "|---|---|"]
-        for ident in alive:
-            lines.append(f"| `{_cell(ident)}` | {_cell(explained.get(ident, '**unexplained**'))} |")
+        if alive:
+            lines += ["", f"{len(alive)} survive; each is explained in `cases/syncbn_mutants.toml`:", "",
+                      "| mutant | why it survives |", "|---|---|"]
+            for ident in alive:
+                lines.append(f"| `{_cell(ident)}` | {_cell(explained.get(ident, '**unexplained**'))} |")
+        else:
+            lines += ["", "Every mutant that ran was killed."]
     left = problems(fixes, fix_rows, mutant_rows, explained)
     lines += ["", "## Left unexplained", ""] + ([f"- {p}" for p in left] if left else ["Nothing."])
     return "\n".join(lines) + "\n"
