@@ -9,7 +9,10 @@ status, evidence) and every claim a row makes about this repository is checked w
   exhaustive catalog (``harness.catalog.all_cases``); ``known: [..](URL)`` must be the link of an
   entry of ``cases/known_issues.toml``, ``change: [..](URL)`` of ``cases/torch_changes.toml``; a
   relative link into ``findings/`` must name a file that exists; ``tests/support/FILE.py:Class``
-  must name a class defined there;
+  must name a class defined there; ``undone: prNNNN`` (a change of ``cases/syncbn_fixes.toml`` undone on the
+  installed build by ``syncbn-harness undo fixes``) must be a row of the committed sweep,
+  ``docs/torch-fixes/fixes.json``, that a case caught (its ``case``) or that says why it needs none (its
+  ``reason``), and the change must be one whose link or fixed issue heads the row citing it;
 - a ``shown`` row cites some evidence, a ``reached`` row a case, a pending row what is planned;
 - the figure the page states (CPU-reachable rows shown, of those that are defects) and its count of rows
   by status are the ones the table gives.
@@ -19,11 +22,13 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness import catalog
+from harness.undo import fixes
 
 try:
     import tomllib
@@ -43,6 +48,8 @@ LINK = re.compile(r"\[[^\]]+\]\(([^)\s]+)\)")
 TAGGED = re.compile(r"(known|change): \[[^\]]+\]\(([^)\s]+)\)")
 TICKED = re.compile(r"`([^`]+)`")
 PLANTED = re.compile(r"^(tests/support/[\w/]+\.py):(\w+)$")
+UNDONE = re.compile(r"undone: (pr\d+(?:-\d+)?)\b")
+SWEEP = ROOT / "docs" / "torch-fixes" / "fixes.json"
 
 
 @dataclass
@@ -162,7 +169,7 @@ def test_shown_and_reached_rows_cite_what_shows_or_reaches_them():
         if r.status == "shown":
             files = [t for t in LINK.findall(r.evidence) if t.startswith("findings/")]
             planted = [t for t in TICKED.findall(r.evidence) if PLANTED.match(t)]
-            assert cases or TAGGED.search(r.evidence) or files or planted, (
+            assert cases or TAGGED.search(r.evidence) or files or planted or UNDONE.search(r.evidence), (
                 f"line {r.line}: a shown row cites a failing case, an entry, a repro or an undone fix")
 
 
@@ -182,3 +189,22 @@ def test_the_figure_the_page_states_is_the_tables():
     got = (len(table), *(statuses.count(s) for s in ("shown", "reached", "pending", "gap", "out of reach",
                                                       "not a defect")))
     assert tuple(int(g) for g in counts.groups()) == got, f"the page says {counts.group(0)!r}; the table gives {got}"
+
+
+def test_every_undone_fix_cited_is_caught_in_the_committed_sweep_and_fixed_the_rows_defect():
+    cited = [(r, ident) for r in rows() for ident in UNDONE.findall(r.evidence)]
+    assert cited, "no row cites an undone fix: the page defines `undone: prNNNN` for the undo sweep's results"
+    assert SWEEP.is_file(), (f"{SWEEP.relative_to(ROOT)} is not committed, but the page cites "
+                             f"{', '.join(sorted({i for _, i in cited}))}: run "
+                             "`syncbn-harness undo fixes --out docs/torch-fixes/fixes.json` and commit it")
+    swept = json.loads(SWEEP.read_text())["rows"]
+    changes = {f.id: f for f in fixes.load()}
+    for r, ident in cited:
+        assert ident in changes, f"line {r.line}: undone: {ident} is no change of cases/syncbn_fixes.toml"
+        assert ident in swept, f"line {r.line}: undone: {ident} is no row of {SWEEP.relative_to(ROOT)}"
+        got = swept[ident]
+        assert got.get("case") or got.get("reason"), (
+            f"line {r.line}: undone: {ident} was not caught in {SWEEP.relative_to(ROOT)} (no case, no reason)")
+        change = changes[ident]
+        assert {change.link, change.issue} & set(r.links), (
+            f"line {r.line}: undone: {ident} fixed {change.issue or change.link}, which heads no link of this row")
