@@ -66,13 +66,16 @@ def judged(cases):
 
 
 def full_product():
-    """Every family's full product but DDP's (its product varies DDP's flags, not SyncBN's arithmetic, and
-    costs a second a case: its default selection is covered below), the cuda-graph family's (it needs a
-    GPU) and the scale family's (180 cases of 3 to 25 million values per rank cost hours on two cores: its
-    default rows are covered below, and tests/judge/test_scale_tolerance.py checks the budgets at its
-    largest size)."""
+    """Every family's full product but DDP's and FSDP2's (their products vary the wrapper's flags, not SyncBN's
+    arithmetic, and cost a second or two a case: their default selections are covered below), the cuda-graph
+    family's (it needs a GPU) and the scale family's (180 cases of 3 to 25 million values per rank cost hours
+    on two cores: its default rows are covered below, and tests/judge/test_scale_tolerance.py checks the
+    budgets at its largest size)."""
     return judged([c for c in catalog.select(exhaustive=True)
-                   if c.family not in ("ddp", "scale") and c.scenario != "cuda_graph"])
+                   if c.family not in WRAPPED + ("scale",) and c.scenario != "cuda_graph"])
+
+
+WRAPPED = ("ddp", "fsdp")  # the families that vary a data-parallel wrapper's options
 
 
 # CI runs a third of the full product's cases beyond the default selection (the same third every time, every
@@ -102,7 +105,7 @@ def test_correct_implementations_raise_no_alarm_on_the_default_selection():
     assert any(c.family == "conversion" for c in cases)
     product = {c.id for c in full_product()}
     rest = [c for c in cases if c.id not in product]
-    assert rest and all(c.family in ("ddp", "scale") for c in rest)
+    assert rest and all(c.family in WRAPPED + ("scale",) for c in rest)
     records = (run(["textbook:TextbookSyncBN", "gather:GatherSyncBN"], cases)
                + run(["float32_syncbn:Float32SyncBN"], rest))
     assert_quiet(records, 2 * len(cases) + len(rest))
