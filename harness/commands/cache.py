@@ -10,7 +10,7 @@ from harness.commands import cli
 from harness.results.console import format_size
 
 KIND_NAMES = ("kernels", "environments", "overlays", "compile", "bisect", "logs", "torchrun", "indexes", "uv",
-              "apex")
+              "apex", "sources")
 
 
 def _when(t: float) -> str:

@@ -85,7 +85,7 @@ def test_bad_option_values_are_usage_errors(capsys):
     code, _, err = _main(["run", "--impl", "reference", "--device", "cpu", "--backend", "nccl"], capsys)
     assert code == 2 and "--backend nccl needs --device cuda" in err
     code, _, err = _main(["run", "--impl", "reference", "--world-size", "9"], capsys)
-    assert code == 2 and "--world-size 9 leaves no case" in err and "world sizes 2, 3, 4" in err
+    assert code == 2 and "--world-size 9 leaves no case" in err and "world sizes 1, 2, 3, 4" in err
     code, _, err = _main(["run", "--compare", "torch"], capsys)
     assert code == 2 and "--compare 'torch'" in err
 

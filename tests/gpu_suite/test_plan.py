@@ -171,12 +171,14 @@ def test_the_next_gpu_run_takes_the_loss_scaling_fsdp2_two_forward_and_list_back
     from harness import catalog
     from harness.gpu_suite.steps import layer_selection, system_selection
 
-    def chosen(flags, scenarios):
-        return {c.id for c in catalog.select([flags[i + 1] for i, f in enumerate(flags) if f == "--case"],
-                                             scenarios=scenarios)}
+    def chosen(flags):
+        def given(flag):
+            return [flags[i + 1] for i, f in enumerate(flags) if f == flag]
 
-    layers = chosen(layer_selection(), ["layer"])
-    systems = chosen(system_selection(), ["model", "conversion", "checkpoint"])
+        return {c.id for c in catalog.select(given("--case"), scenarios=given("--scenario") or None)}
+
+    layers = chosen(layer_selection())
+    systems = chosen(system_selection())
     assert {"mixed-precision/scaled-grads/float16-float32/ws2",
             "mixed-precision/scaled-grads-channels-last/float16-float32/ws2",
             "allgather-shape/even-4-4/float32-float32/contiguous/ws2/list-contract"} <= layers
