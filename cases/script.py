@@ -18,6 +18,7 @@ def cases() -> list[Case]:
     for net, wraps in (("cnn", (("local", ()), ("ddp", ("ddp",)))), ("bn-chain", (("local", ()),))):
         for wname, ddp in wraps:
             out.append(Case(id=f"{FAMILY}/{net}/{wname}/ws2", family=FAMILY, batch_sizes=(3, 5),
-                            spatial=((4, 4),) * 2, channels=3, scenario="model", model=net, optimizer="sgd",
+                            spatial=((4, 4),) * 2, channels=3, scenario="model", model=net,
+                            optimizer="sgd" if ddp else None,  # an optimizer steps one network: DDP's
                             ddp=ddp, steps=("train", "train", "eval"), use="script"))
     return out

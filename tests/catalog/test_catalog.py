@@ -91,9 +91,9 @@ def test_the_second_backend_meets_every_layout_dtype_and_format_by_default():
     for i in (1, 2, 3):
         assert {c.id.split("/")[i] for c in default} == {c.id.split("/")[i] for c in full}
     assert len(default) <= 8
-    # The list-only backend has a twin of each of those and no other, those of two ranks default.
+    # The list-only backend has a twin of each of those and no other, one of them default.
     listed = [c for c in twins if c.backend == "list-contract"]
-    assert [c.default for c in listed] == [c.world_size == 2 for c in listed] and any(c.default for c in listed)
+    assert sum(c.default for c in listed) == 1
     assert sorted(c.id.rsplit("/", 1)[0] for c in listed) == sorted(c.id.rsplit("/", 1)[0] for c in default)
     # Each twin is the same data as a default run-backend case, so a difference between the two is the backend's.
     gloo = {c.id: c for c in catalog.select()}
