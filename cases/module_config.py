@@ -14,7 +14,13 @@ Catches:
 - bias=False (a weight without a bias, BatchNorm's keyword since pytorch#176573):
   the bias dereferenced, a bias gradient made up, or the keyword ignored (a
   layer that has a bias all the same). An implementation without the keyword
-  reports these cases ``unsupported``.
+  reports these cases ``unsupported``;
+- the layer as its constructor makes it: weight 1 and bias 0 (pytorch#12259:
+  a weight drawn from U(0, 1)), running mean 0 and variance 1; made in place
+  by ``device=`` and ``dtype=`` (the keywords refused, or ignored: pytorch#54508);
+- ``track_running_stats`` switched off after construction, as users freeze
+  statistics: training must leave the buffers alone and eval use them
+  (pytorch#44445).
 """
 
 from harness.catalog.case import Case
@@ -46,6 +52,9 @@ def cases() -> list[Case]:
         _case("input-5d", spatial=(2, 3, 2)),
         _case("input-5d-ws3", batch_sizes=(2, 1, 3), spatial=(2, 2, 2)),
         _case("bias-off", bias=False, steps=("train", "eval", "train")),
+        _case("as-built", steps=("train", "eval"), setup="as-built"),
+        _case("factory-float64", dtype="float64", param_dtype="float64", steps=("train", "eval"), setup="factory"),
+        _case("stats-off-after", steps=("train", "eval", "train"), setup="stats-off-after"),
         _case("bias-off-momentum-none-5d", batch_sizes=(2, 0, 3), spatial=(2, 3, 2), bias=False, momentum=None,
               steps=("train", "train", "eval")),
     ]

@@ -81,6 +81,14 @@ NORMAL_DTYPE_NAMES = ("float64", "float32")
 # own (:func:`rank_seed`), so a rank makes its own part alone (search's cases; see harness.engine.exchange).
 DRAWS = ("sequential", "per-rank")
 MEMORY_FORMAT_NAMES = ("contiguous", "channels_last", "channels_last_3d")
+# How a layer case's module is made ready before its first step (``Case.setup``). "copied": built, then its
+# weight, bias and running statistics set from the case's data (every catalog case before these). "as-built":
+# the values its constructor gave kept (nn.BatchNorm's: weight 1, bias 0, running mean 0, variance 1), so a
+# constructor that initializes otherwise shows (pytorch#12259). "factory": as built, with the constructor's
+# device= and dtype= keywords (the parameter dtype) and no .to() after (pytorch#54508). "stats-off-after": built
+# tracking running statistics, then ``track_running_stats = False`` set on it, as users freeze statistics:
+# nn.BatchNorm then neither updates nor counts its buffers in training and normalizes eval with them.
+SETUPS = ("copied", "as-built", "factory", "stats-off-after")
 
 
 def evaluates(kind: str, rank: int, world_size: int) -> bool:
@@ -162,6 +170,7 @@ class Case:
     # the elements a mean divides by), whose gradient has a mean (pytorch#195701). Layer and model scenarios.
     grad_mean: float = 0.0
     grad_scale: float = 1.0
+    setup: str = "copied"  # SETUPS: how a layer case's module is made ready before its first step
 
     def __post_init__(self) -> None:
         if len(self.spatial) != len(self.batch_sizes):
@@ -207,6 +216,12 @@ class Case:
         if self.rank_seeds and (self.draws != "per-rank" or len(self.rank_seeds) != self.world_size):
             raise ValueError(f"case {self.id}: rank_seeds needs draws='per-rank' and one seed per rank, got "
                              f"{list(self.rank_seeds)} for {self.world_size} ranks drawn {self.draws}")
+        if self.setup not in SETUPS or self.setup != "copied" and (self.scenario != "layer" or self.model):
+            raise ValueError(f"case {self.id}: setup must be one of {', '.join(SETUPS)}, and other than 'copied' "
+                             f"for a layer case only (scenario 'layer', no model); got {self.setup!r}")
+        if self.setup == "stats-off-after" and not self.track_running_stats:
+            raise ValueError(f"case {self.id}: setup 'stats-off-after' switches off running statistics the layer "
+                             "was built with: it needs track_running_stats=True")
         if self.use is not None and self.use not in USES:
             raise ValueError(f"case {self.id}: use must be one of {', '.join(USES)}, got {self.use!r}")
         if self.seed < 0:
@@ -277,6 +292,7 @@ class Case:
             "grad_mean": self.grad_mean,
             "grad_scale": self.grad_scale,
             "op": list(self.op),
+            "setup": self.setup,
         }
 
     def sizes_at(self, step: int) -> tuple[int, ...]:

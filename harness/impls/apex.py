@@ -101,13 +101,14 @@ def _nvtx_noop() -> None:
 
 # Both forms are Python modules over a custom autograd Function, which TorchScript cannot compile (on an H200,
 # 2026-11-28, the optimized form failed at its `z == None`); apex never said they could be scripted.
-# Neither constructor has a bias keyword (a weight without a bias): bias_off=False.
-_FALLBACK_CAPS = Capabilities(convert=True, script=False, bias_off=False)
+# Neither constructor has a bias keyword (a weight without a bias), nor device= and dtype=: bias_off=False,
+# factory_kwargs=False.
+_FALLBACK_CAPS = Capabilities(convert=True, script=False, bias_off=False, factory_kwargs=False)
 # The syncbn kernels dispatch float and half only (DISPATCH_FLOAT_AND_HALF in csrc/welford.cu);
 # parameters are float or the input's dtype.
 _OPTIMIZED_CAPS = Capabilities(devices=frozenset({"cuda"}), dtypes=frozenset({"float16", "float32"}),
                                param_dtypes=frozenset({"float16", "float32"}), convert=True, script=False,
-                               bias_off=False)
+                               bias_off=False, factory_kwargs=False)
 
 
 class ApexImpl(Impl):

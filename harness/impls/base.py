@@ -25,28 +25,45 @@ from harness.judge import mode as mode_words
 from harness.judge.mode import Mode
 
 
-def construct_like_syncbn(factory, case: Case, process_group):
+def construct_like_syncbn(factory, case: Case, process_group, device: Optional[str] = None):
     """One module from a class or factory with ``torch.nn.SyncBatchNorm``'s constructor, for ``case``.
 
     The signature: ``(num_features, eps=1e-5, momentum=0.1, affine=True,
     track_running_stats=True, process_group=None)``, keywords after the first;
     a case without bias (``Case.bias`` False) adds the keyword ``bias=False``
-    (only then: a factory that predates the keyword builds every other case).
+    (only then: a factory that predates the keyword builds every other case),
+    and a case built in place (``Case.setup`` "factory") the keywords
+    ``device=`` (``device``) and ``dtype=`` (the case's parameter dtype).
     """
-    extra = {} if case.bias else {"bias": False}
+    extra = ({} if case.bias else {"bias": False}) | factory_keywords(case, device)
     return factory(case.channels, eps=case.eps, momentum=case.momentum, affine=case.affine,
                    track_running_stats=case.track_running_stats, process_group=process_group, **extra)
 
 
+def factory_keywords(case: Case, device: Optional[str]) -> dict:
+    """The constructor keywords ``device=`` and ``dtype=`` (the parameter dtype) of a case built in place
+    (``Case.setup`` "factory"); none for any other case."""
+    if case.setup != "factory":
+        return {}
+    import torch
+
+    return {"device": device, "dtype": getattr(torch, case.param_dtype)}
+
+
 def takes_bias(factory) -> bool:
     """Whether ``factory`` (a class or a function) takes the keyword ``bias`` (or any keyword, ``**kwargs``)."""
+    return takes_keywords(factory, ("bias",))
+
+
+def takes_keywords(factory, names: tuple[str, ...]) -> bool:
+    """Whether ``factory`` (a class or a function) takes every keyword of ``names`` (or any, ``**kwargs``)."""
     import inspect
 
     try:
-        params = inspect.signature(factory).parameters.values()
-    except (TypeError, ValueError):  # no signature to read (a builtin): assume the keyword is there
+        params = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):  # no signature to read (a builtin): assume the keywords are there
         return True
-    return any(p.name == "bias" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params) or set(names) <= {p.name for p in params}
 
 
 @dataclass(frozen=True)
@@ -70,6 +87,7 @@ class Capabilities:
     double_backward: bool = True  # its backward is differentiable (create_graph=True: gradient penalties)
     script: bool = True  # meant to go through torch.jit.script
     bias_off: bool = True  # a weight without a bias (BatchNorm's keyword bias=False)
+    factory_kwargs: bool = True  # the constructor's device= and dtype= keywords (parameters made in place)
     revert: bool = False  # a revert of a converted model to BatchNorm of its own (``Impl.revert``)
 
     def to_dict(self) -> dict:
@@ -140,6 +158,7 @@ class Impl(abc.ABC):
             (cap.double_backward or case.use != "double-backward", "double backward (create_graph=True)"),
             (cap.script or case.use != "script", "torch.jit.script"),
             (cap.bias_off or case.bias, "bias=False (a weight without a bias)"),
+            (cap.factory_kwargs or case.setup != "factory", "the constructor's device= and dtype= keywords"),
             (cap.revert or case.scenario != "revert", "reverting a converted model to BatchNorm (it has no revert)"),
         ]
         missing = [what for ok, what in checks if not ok]

@@ -39,7 +39,7 @@ from typing import Optional
 
 from harness.catalog.case import Case
 from harness.errors import ImplUnavailable
-from harness.impls.base import Capabilities, Impl, ReproBinding
+from harness.impls.base import Capabilities, Impl, ReproBinding, factory_keywords
 from harness.judge.mode import Mode
 
 INSTALL_HINT = ("pip install detectron2-layers (detectron2's layers on PyPI), or put a detectron2 checkout "
@@ -147,7 +147,8 @@ class Detectron2Impl(Impl):
                                   "takes no process group; this case needs one (it should be unsupported)")
         cls = locate()[0].NaiveSyncBatchNorm
         return cls(case.channels, eps=case.eps, momentum=case.momentum, affine=case.affine,
-                   track_running_stats=case.track_running_stats, stats_mode=self.stats_mode)
+                   track_running_stats=case.track_running_stats, stats_mode=self.stats_mode,
+                   **factory_keywords(case, device))
 
 
 class Detectron2NImpl(Detectron2Impl):

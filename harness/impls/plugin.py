@@ -9,7 +9,8 @@ its fields for a plugin that does not import the harness) to declare limits.
 Without them, a ``convert_sync_batchnorm`` classmethod declares model
 conversion and a ``revert_sync_batchnorm`` one a revert to BatchNorm; a
 constructor without the keyword ``bias`` (nor ``**kwargs``) cannot build a
-layer without bias (``bias_off=False``), whatever it declares. A
+layer without bias (``bias_off=False``), whatever it declares, nor one
+without ``device=`` and ``dtype=`` a layer made in place (``factory_kwargs``). A
 ``private_ops`` attribute, an object whose attributes are its versions of
 torch's five private SyncBN ops, runs the ``private-ops`` family's cases.
 """
@@ -22,7 +23,8 @@ from typing import Optional
 
 from harness.catalog.case import Case
 from harness.errors import PluginUnavailable, UsageError
-from harness.impls.base import Capabilities, Impl, ReproBinding, construct_like_syncbn, takes_bias
+from harness.impls.base import (Capabilities, Impl, ReproBinding, construct_like_syncbn, takes_bias,
+                                takes_keywords)
 
 
 class PluginImpl(Impl):
@@ -68,6 +70,8 @@ class PluginImpl(Impl):
                                                  revert=callable(getattr(factory, "revert_sync_batchnorm", None)))
             if not takes_bias(factory):  # a constructor without the keyword cannot build a layer without bias
                 self.capabilities = dataclasses.replace(self.capabilities, bias_off=False)
+            if not takes_keywords(factory, ("device", "dtype")):  # nor one without these a layer made in place
+                self.capabilities = dataclasses.replace(self.capabilities, factory_kwargs=False)
             display = getattr(factory, "name", None)
             if isinstance(display, str) and display and self.name == self.spec:
                 self.name = display
@@ -108,7 +112,7 @@ class PluginImpl(Impl):
         return getattr(self._load(), "private_ops", None)
 
     def build(self, case: Case, process_group, device: str):
-        return construct_like_syncbn(self._load(), case, process_group)
+        return construct_like_syncbn(self._load(), case, process_group, device)
 
 
 def _capabilities(spec: str, declared: dict) -> Capabilities:

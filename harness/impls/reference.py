@@ -311,7 +311,7 @@ class ReferenceImpl(Impl):
         return torch.ops.syncbn_ref
 
     def build(self, case: Case, process_group, device: str):
-        return construct_like_syncbn(SyncBatchNorm, case, process_group)
+        return construct_like_syncbn(SyncBatchNorm, case, process_group, device)
 
     def convert(self, model, process_group):
         return SyncBatchNorm.convert_sync_batchnorm(model, process_group)

@@ -62,7 +62,7 @@ class TimmLayerImpl(TorchLayerAdapter):
             raise ImplUnavailable(f"{self.name}: this torch build's cpu-emulation replaces the SyncBatchNorm class "
                                   "(the function path), which cannot stand for timm's subclass; run on cuda, or "
                                   "a torch whose module path works (SYNCBN_HARNESS_TORCH_PATH=module)")
-        module = construct_like_syncbn(SyncBatchNormAct, case, process_group)
+        module = construct_like_syncbn(SyncBatchNormAct, case, process_group, device)
         module.drop = torch.nn.Identity()  # what convert_sync_batchnorm copies from BatchNormAct2d(apply_act=False)
         module.act = torch.nn.Identity()
         return module

@@ -22,7 +22,8 @@ from __future__ import annotations
 from typing import Optional
 
 from harness.catalog.case import Case
-from harness.impls.base import Capabilities, Impl, ReproBinding, construct_like_syncbn, takes_bias
+from harness.impls.base import (Capabilities, Impl, ReproBinding, construct_like_syncbn, takes_bias,
+                                takes_keywords)
 from harness.judge.mode import Mode
 
 
@@ -44,7 +45,7 @@ class TorchImpl(Impl):
 
     def unsupported_reason(self, case: Case, device: str) -> Optional[str]:
         """The capabilities' reason, else why CUDA's kernels refuse torch's SyncBN on ``case`` (either device)."""
-        reason = super().unsupported_reason(case, device) or self.no_bias_reason(case)
+        reason = super().unsupported_reason(case, device) or self.no_bias_reason(case) or self.no_factory_reason(case)
         if reason or case.op:  # one of torch's ops called directly (private_ops): the module's calls are not made
             return reason
         from harness.impls import cuda_plan
@@ -59,6 +60,15 @@ class TorchImpl(Impl):
 
         return (f"torch {torch.__version__}'s SyncBatchNorm takes no bias argument (BatchNorm's bias=False came "
                 "with pytorch#176573)")
+
+    def no_factory_reason(self, case: Case) -> Optional[str]:
+        """Why this build's SyncBatchNorm cannot be built in place (no ``device=``/``dtype=``), or None."""
+        if case.setup != "factory" or takes_keywords(self.syncbn_class(), ("device", "dtype")):
+            return None
+        import torch
+
+        return (f"torch {torch.__version__}'s SyncBatchNorm takes no device= and dtype= arguments (they came with "
+                "pytorch#54508, 1.9)")
 
     def repro_binding(self) -> ReproBinding:
         return ReproBinding("torch", "SyncBatchNorm = torch.nn.SyncBatchNorm", on_cuda=True)
@@ -110,7 +120,7 @@ class TorchImpl(Impl):
             from harness.impls.torch_emulation import FunctionDriven
 
             cls = FunctionDriven
-        return construct_like_syncbn(cls, case, process_group)
+        return construct_like_syncbn(cls, case, process_group, device)
 
     def converter(self):
         """The function that converts a model (an adapter over torch's layers may bring its own)."""

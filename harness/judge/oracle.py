@@ -179,6 +179,7 @@ class _Layer:
     bias: Tensor
     param_dtype: torch.dtype
     ranks: Optional[Sequence[int]]  # whose output and grad_input are wanted (None: every rank's)
+    frozen_buffers: bool = False  # buffers there, never updated nor counted (track_running_stats off after)
 
 
 @dataclass
@@ -208,6 +209,7 @@ def run_oracle(
     groups: Optional[Sequence[Sequence[int]]] = None,
     ranks: Optional[Sequence[int]] = None,
     exchange: Optional[SumOver] = None,
+    frozen_buffers: bool = False,
 ) -> list[StepTruth]:
     """Exact results of every step of a case.
 
@@ -223,6 +225,10 @@ def run_oracle(
     the ranks of ``unit``, each rank adding its own; it is called twice per case (when it has a training
     step), the same on every rank. Only this rank's entries are filled then, and the sums over all ranks of
     the gradient shares are left to the caller (``grad_weight_sum`` is None).
+
+    ``frozen_buffers``: the module has running statistics but ``track_running_stats`` was switched off after
+    construction: nn.BatchNorm then normalizes training steps with batch statistics and leaves the buffers (and
+    their count) alone, and normalizes eval steps with the buffers.
     """
     if exchange is not None and (ranks is None or len(ranks) != 1):
         raise ValueError("an exchanged oracle computes one rank's truth: give ranks=[that rank]")
@@ -238,7 +244,7 @@ def run_oracle(
     layer = _Layer(C, eps, momentum, affine, track_running_stats,
                    weight.detach().to(f64) if affine and weight is not None else torch.ones(C, dtype=f64),
                    bias.detach().to(f64) if affine and bias is not None else torch.zeros(C, dtype=f64),
-                   param_dtype, ranks)
+                   param_dtype, ranks, frozen_buffers)
     buffers = _initial_buffers(layer, world, running_mean, running_var)
     bad = [step for step in steps if step not in STEP_KINDS]
     if bad:
@@ -366,7 +372,7 @@ def _normalize_unit(truth: StepTruth, unit: list[int], xs: Sequence[Optional[Ten
         if layer.affine:
             truth.grad_weight[r] = sums[r].dy_xmu * invstd
             truth.grad_bias[r] = sums[r].dy
-    if kind == "train" and layer.track_running_stats:
+    if kind == "train" and layer.track_running_stats and not layer.frozen_buffers:
         _update_buffers(buffers, here, n, mean, var, layer)
 
 

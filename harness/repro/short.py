@@ -94,7 +94,8 @@ def unexpressible(case: Case, impl) -> Optional[str]:
                (case.grad_mean != 0.0 or case.grad_scale != 1.0, "upstream gradients scaled or shifted"),
                (any(k not in FILE_STEPS for k in case.steps), "two forwards before one backward ('fwd' steps)"),
                (impl.name == "apex" and case.memory_format != "contiguous", "apex's channels-last layer"),
-               (not case.bias, "a layer without bias (bias=False)")]
+               (not case.bias, "a layer without bias (bias=False)"),
+               (case.setup != "copied", f"a layer made ready otherwise than by copying ({case.setup})")]
     said = [why for bad, why in reasons if bad]
     if said:
         return "the short form does not cover " + ", ".join(said)

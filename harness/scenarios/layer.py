@@ -219,19 +219,25 @@ def run_steps(ctx, case: Case, impl, device: str, data, group, refuse_at: Option
         problems += [(f"convert.{i}", p) for i, p in enumerate(converted)]
     else:
         module = impl.build(case, group, device)
-    module = module.to(device=device, dtype=pdtype)
+    if case.setup == "factory":  # made in place by device= and dtype=: nothing may move it after
+        problems += [("layer.factory", p) for p in _misplaced(module, device, pdtype)]
+    else:
+        module = module.to(device=device, dtype=pdtype)
     has_bias = getattr(module, "bias", None) is not None
     if case.affine and not case.bias and has_bias:
         problems.append(("layer.bias", "built with bias=False, the layer has a bias all the same (nn.BatchNorm's "
                                        "is None); it is left as the layer made it"))
-    with torch.no_grad():
-        if case.affine:
-            module.weight.copy_(data.weight)
-            if case.bias:
-                module.bias.copy_(data.bias)
-        if case.track_running_stats:
-            module.running_mean.copy_(data.running_mean)
-            module.running_var.copy_(data.running_var)
+    if case.setup in ("copied", "stats-off-after"):  # else the constructor's values stay (the data holds them)
+        with torch.no_grad():
+            if case.affine:
+                module.weight.copy_(data.weight)
+                if case.bias:
+                    module.bias.copy_(data.bias)
+            if case.track_running_stats:
+                module.running_mean.copy_(data.running_mean)
+                module.running_var.copy_(data.running_var)
+    if case.setup == "stats-off-after":
+        module.track_running_stats = False
     observed: list = []
     pending: list = []  # forwards ("fwd" steps) whose backward comes with the next train step
     for s, kind in enumerate(case.steps):
@@ -278,6 +284,14 @@ def run_steps(ctx, case: Case, impl, device: str, data, group, refuse_at: Option
             module.zero_grad(set_to_none=True)
     ctx.mark_step(None)
     return observed, problems
+
+
+def _misplaced(module, device: str, pdtype: torch.dtype) -> list[str]:
+    """What of a module built with ``device=`` and ``dtype=`` is not where and what they asked for."""
+    want = torch.device(device)
+    return [f"built with device={device!r}, dtype={pdtype}, its {name} is {t.dtype} on {t.device}"
+            for name, t in [*module.named_parameters(), *module.named_buffers()]
+            if t.device.type != want.type or (t.is_floating_point() and t.dtype != pdtype)]
 
 
 def _try_refused(impl, module, x: torch.Tensor, case: Case) -> dict:

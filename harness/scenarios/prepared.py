@@ -58,6 +58,7 @@ def prepare(case: Case, rank: int, exchange=None) -> tuple[CaseData, list[StepTr
         momentum=case.momentum, affine=case.affine, track_running_stats=case.track_running_stats,
         weight=data.weight, bias=data.bias, param_dtype=DTYPES[case.param_dtype],
         running_mean=data.running_mean, running_var=data.running_var, groups=case.groups, ranks=[rank],
+        frozen_buffers=case.setup == "stats-off-after",
         exchange=exchange.sum if own else None)
     _kept = (key, data, truths)
     return data, truths

@@ -279,3 +279,19 @@ def test_the_no_group_layers_cover_every_pair_but_half_input_with_momentum_none(
     allowed = {(i, r[i], j, r[j]) for r in rows for i, j in itertools.combinations(range(3), 2)}
     covered = {(i, r[i], j, r[j]) for r in default for i, j in itertools.combinations(range(3), 2)}
     assert covered == allowed and len(default) <= len(rows) / 2 and len(factors[1]) == 3
+
+
+def test_a_layer_as_built_has_the_constructors_values_and_a_setup_is_for_layer_cases_only():
+    from dataclasses import replace
+
+    case = catalog.select(["module-config/as-built/ws2"])[0]
+    data, copied = materialize(case), materialize(replace(case, setup="copied", seed=case.seed))
+    assert bool((data.weight == 1).all()) and bool((data.bias == 0).all())
+    assert bool((data.running_mean == 0).all()) and bool((data.running_var == 1).all())
+    assert all(torch.equal(a, b) for sa, sb in zip(data.inputs, copied.inputs) for a, b in zip(sa, sb))
+    with pytest.raises(ValueError, match="'bogus'"):
+        replace(case, setup="bogus")
+    with pytest.raises(ValueError, match="layer case only"):
+        replace(case, setup="factory", scenario="model", model="cnn")
+    with pytest.raises(ValueError, match="track_running_stats=True"):
+        replace(case, setup="stats-off-after", track_running_stats=False)

@@ -178,3 +178,34 @@ def test_one_value_per_channel_in_the_group_is_refused_as_batchnorm_refuses_it()
     single = [torch.ones(1, 3, dtype=torch.float64), torch.zeros(1, 3, dtype=torch.float64)]
     (t,) = run_oracle([single], [single], ["train"], num_features=3, param_dtype=torch.float64)
     assert t.raises is None and t.running_var[0].isfinite().all()
+
+
+def test_frozen_buffers_follow_a_batchnorm_whose_flag_was_switched_off_after_construction():
+    # nn.BatchNorm itself, with buffers, then track_running_stats = False: training normalizes with batch
+    # statistics and leaves the buffers and their count alone; eval normalizes with the buffers.
+    g = torch.Generator().manual_seed(3)
+    steps = ["train", "eval", "train"]
+    sizes = [2, 5]
+    xs = [[torch.randn(n, 4, 3, generator=g, dtype=torch.float64) * 3 + 2 for n in sizes] for _ in steps]
+    dys = [[torch.randn(n, 4, 3, generator=g, dtype=torch.float64) for n in sizes] for _ in steps]
+    bn = torch.nn.BatchNorm1d(4, dtype=torch.float64)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1, generator=g)
+        bn.running_var.uniform_(0.5, 2, generator=g)
+    start_mean, start_var = bn.running_mean.clone(), bn.running_var.clone()
+    bn.track_running_stats = False
+    truths = run_oracle(xs, dys, steps, num_features=4, param_dtype=torch.float64, running_mean=start_mean,
+                        running_var=start_var, frozen_buffers=True)
+    for s, kind in enumerate(steps):
+        bn.train(kind == "train")
+        x = torch.cat(xs[s]).requires_grad_(True)
+        y = bn(x)
+        y.backward(torch.cat(dys[s]))
+        torch.testing.assert_close(torch.cat(truths[s].output), y.detach(), rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(torch.cat(truths[s].grad_input), x.grad, rtol=1e-10, atol=1e-12)
+        for r in range(len(sizes)):
+            assert torch.equal(truths[s].running_mean[r], bn.running_mean)
+            assert torch.equal(truths[s].running_var[r], bn.running_var)
+            assert truths[s].num_batches_tracked[r] == int(bn.num_batches_tracked) == 0
+        bn.zero_grad()
+    assert torch.equal(bn.running_mean, start_mean)

@@ -437,6 +437,37 @@ class AffineNeedsBias(TextbookSyncBN):
             self.affine = True
 
 
+class UniformInitWeight(TextbookSyncBN):
+    """A weight drawn from U(0, 1) at construction, as _BatchNorm's reset_parameters did before the fix of
+    pytorch#12259 (nn.BatchNorm's weight starts at ones)."""
+
+    def reset_parameters(self):
+        super().reset_parameters()
+        if self.affine:
+            torch.nn.init.uniform_(self.weight)
+
+
+class IgnoresFactoryDtype(TextbookSyncBN):
+    """Takes the keywords device= and dtype= and drops them: its parameters are float32 on the CPU whatever was
+    asked for (pytorch#54508 passed them on)."""
+
+    def __init__(self, *args, device=None, dtype=None, **kwargs):
+        super().__init__(*args, **kwargs)
+
+
+class StatsFlagIgnored(TextbookSyncBN):
+    """Updates and counts its running statistics whenever it has them, whatever ``track_running_stats`` says
+    now (a flag switched off after construction: pytorch#44445)."""
+
+    def forward(self, x):
+        flag = self.track_running_stats
+        self.track_running_stats = self.running_mean is not None
+        try:
+            return super().forward(x)
+        finally:
+            self.track_running_stats = flag
+
+
 class FlatGatherOffGloo(TextbookSyncBN):
     """Gathers the ranks' counts into one flat tensor on every backend not named gloo, as torch's SyncBatchNorm
     picks its all_gather by the backend's name: a backend with the list all_gather only (MPI's, third-party
@@ -505,6 +536,9 @@ CATCHERS = {
     LocalRunningStats: (["ddp/*"], "mismatch", "running_mean"),
     GatherSizeDiffers: (["allgather-shape/uneven-*"], ("crash", "error"), None),
     IgnoresBiasFalse: (["module-config/bias-off*"], "mismatch", "layer.bias"),
+    UniformInitWeight: (["module-config/as-built/*"], "mismatch", "train.output"),
+    IgnoresFactoryDtype: (["module-config/factory-*"], "mismatch", "layer.factory"),
+    StatsFlagIgnored: (["module-config/stats-off-after/*"], "mismatch", "running_mean"),
     AffineNeedsBias: (["module-config/bias-off*"], "mismatch", "train.output"),
 
 

@@ -24,8 +24,8 @@ class TextbookSyncBN(_BatchNorm):
     capabilities = {"convert": True, "script": False, "revert": True}
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, track_running_stats=True,
-                 process_group=None, *, bias=True):
-        super().__init__(num_features, eps, momentum, affine, track_running_stats)
+                 process_group=None, *, bias=True, device=None, dtype=None):
+        super().__init__(num_features, eps, momentum, affine, track_running_stats, device=device, dtype=dtype)
         if affine and not bias:  # a weight without a bias, as nn.BatchNorm's bias=False
             self.bias = None
         self.process_group = process_group
