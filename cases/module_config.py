@@ -20,7 +20,11 @@ Catches:
   by ``device=`` and ``dtype=`` (the keywords refused, or ignored: pytorch#54508);
 - ``track_running_stats`` switched off after construction, as users freeze
   statistics: training must leave the buffers alone and eval use them
-  (pytorch#44445).
+  (pytorch#44445);
+- a state dict without ``num_batches_tracked`` (hand-built or old) loaded into
+  a trained layer: its count must stay, or momentum=None's average restarts
+  (pytorch#110361); a layer built on the meta device and loaded with
+  ``assign=True``: its count must become a real 0 (pytorch#115285).
 """
 
 from harness.catalog.case import Case
@@ -55,6 +59,8 @@ def cases() -> list[Case]:
         _case("as-built", steps=("train", "eval"), setup="as-built"),
         _case("factory-float64", dtype="float64", param_dtype="float64", steps=("train", "eval"), setup="factory"),
         _case("stats-off-after", steps=("train", "eval", "train"), setup="stats-off-after"),
+        _case("legacy-state-dict", momentum=None, steps=("train", "train", "eval"), setup="legacy-state-dict"),
+        _case("meta-assign", momentum=None, steps=("train", "train", "eval"), setup="meta-assign"),
         _case("bias-off-momentum-none-5d", batch_sizes=(2, 0, 3), spatial=(2, 3, 2), bias=False, momentum=None,
               steps=("train", "train", "eval")),
     ]

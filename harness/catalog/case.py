@@ -88,7 +88,13 @@ MEMORY_FORMAT_NAMES = ("contiguous", "channels_last", "channels_last_3d")
 # device= and dtype= keywords (the parameter dtype) and no .to() after (pytorch#54508). "stats-off-after": built
 # tracking running statistics, then ``track_running_stats = False`` set on it, as users freeze statistics:
 # nn.BatchNorm then neither updates nor counts its buffers in training and normalizes eval with them.
-SETUPS = ("copied", "as-built", "factory", "stats-off-after")
+# "legacy-state-dict": copied, its count set to LEGACY_COUNT (a layer trained before), then given back its own
+# state dict without num_batches_tracked or version metadata (a hand-built or old checkpoint): nn.BatchNorm keeps
+# its count (pytorch#110361). "meta-assign": built on the meta device, then load_state_dict(assign=True) of the
+# case's values without num_batches_tracked, as large models are materialized: nn.BatchNorm's count becomes a real
+# 0 (pytorch#115285).
+SETUPS = ("copied", "as-built", "factory", "stats-off-after", "legacy-state-dict", "meta-assign")
+LEGACY_COUNT = 5
 
 
 def evaluates(kind: str, rank: int, world_size: int) -> bool:
@@ -219,9 +225,9 @@ class Case:
         if self.setup not in SETUPS or self.setup != "copied" and (self.scenario != "layer" or self.model):
             raise ValueError(f"case {self.id}: setup must be one of {', '.join(SETUPS)}, and other than 'copied' "
                              f"for a layer case only (scenario 'layer', no model); got {self.setup!r}")
-        if self.setup == "stats-off-after" and not self.track_running_stats:
-            raise ValueError(f"case {self.id}: setup 'stats-off-after' switches off running statistics the layer "
-                             "was built with: it needs track_running_stats=True")
+        if self.setup in ("stats-off-after", "legacy-state-dict") and not self.track_running_stats:
+            raise ValueError(f"case {self.id}: setup {self.setup!r} is about running statistics the layer was "
+                             "built with: it needs track_running_stats=True")
         if self.use is not None and self.use not in USES:
             raise ValueError(f"case {self.id}: use must be one of {', '.join(USES)}, got {self.use!r}")
         if self.seed < 0:

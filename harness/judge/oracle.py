@@ -210,6 +210,7 @@ def run_oracle(
     ranks: Optional[Sequence[int]] = None,
     exchange: Optional[SumOver] = None,
     frozen_buffers: bool = False,
+    batches_tracked: int = 0,
 ) -> list[StepTruth]:
     """Exact results of every step of a case.
 
@@ -228,7 +229,8 @@ def run_oracle(
 
     ``frozen_buffers``: the module has running statistics but ``track_running_stats`` was switched off after
     construction: nn.BatchNorm then normalizes training steps with batch statistics and leaves the buffers (and
-    their count) alone, and normalizes eval steps with the buffers.
+    their count) alone, and normalizes eval steps with the buffers. ``batches_tracked``: the count of
+    training steps before the first (a layer trained before, or loaded): momentum=None's average goes on from it.
     """
     if exchange is not None and (ranks is None or len(ranks) != 1):
         raise ValueError("an exchanged oracle computes one rank's truth: give ranks=[that rank]")
@@ -245,7 +247,7 @@ def run_oracle(
                    weight.detach().to(f64) if affine and weight is not None else torch.ones(C, dtype=f64),
                    bias.detach().to(f64) if affine and bias is not None else torch.zeros(C, dtype=f64),
                    param_dtype, ranks, frozen_buffers)
-    buffers = _initial_buffers(layer, world, running_mean, running_var)
+    buffers = _initial_buffers(layer, world, running_mean, running_var, batches_tracked)
     bad = [step for step in steps if step not in STEP_KINDS]
     if bad:
         raise ValueError(f"unknown step {bad[0]!r}: steps are {', '.join(STEP_KINDS)}")
@@ -272,7 +274,7 @@ def run_oracle(
 
 
 def _initial_buffers(layer: _Layer, world: int, running_mean: Optional[Tensor],
-                     running_var: Optional[Tensor]) -> _Buffers:
+                     running_var: Optional[Tensor], tracked: int = 0) -> _Buffers:
     """Every rank's buffers before the first step, rounded to the parameter dtype (None when not tracked)."""
     if not layer.track_running_stats:
         return _Buffers([None] * world, [None] * world, [None] * world)
@@ -283,7 +285,7 @@ def _initial_buffers(layer: _Layer, world: int, running_mean: Optional[Tensor],
         return t.to(layer.param_dtype).to(torch.float64)
 
     return _Buffers([buffer(running_mean, 0.0) for _ in range(world)],
-                    [buffer(running_var, 1.0) for _ in range(world)], [0] * world)
+                    [buffer(running_var, 1.0) for _ in range(world)], [tracked] * world)
 
 
 def _blank(kind: str, world: int) -> StepTruth:

@@ -34,7 +34,7 @@ from typing import Optional
 
 import torch
 
-from harness.catalog.case import STEP_KINDS, Case, evaluates
+from harness.catalog.case import LEGACY_COUNT, STEP_KINDS, Case, evaluates
 from harness.catalog.data import DTYPES
 from harness.judge.budget import sum_tolerance_of
 from harness.judge.compare import judge_rank, judge_sums
@@ -217,6 +217,10 @@ def run_steps(ctx, case: Case, impl, device: str, data, group, refuse_at: Option
     if case.model == "nested":
         module, converted = convert_nested(case, impl, group)
         problems += [(f"convert.{i}", p) for i, p in enumerate(converted)]
+    elif case.setup == "meta-assign":  # as large models are materialized: nothing allocated until the load
+        with torch.device("meta"):
+            module = impl.build(case, group, device)
+        problems += [("layer.load", p) for p in _load(module, data, case, assign=True)]
     else:
         module = impl.build(case, group, device)
     if case.setup == "factory":  # made in place by device= and dtype=: nothing may move it after
@@ -227,7 +231,8 @@ def run_steps(ctx, case: Case, impl, device: str, data, group, refuse_at: Option
     if case.affine and not case.bias and has_bias:
         problems.append(("layer.bias", "built with bias=False, the layer has a bias all the same (nn.BatchNorm's "
                                        "is None); it is left as the layer made it"))
-    if case.setup in ("copied", "stats-off-after"):  # else the constructor's values stay (the data holds them)
+    # As built or loaded on the meta device, the module keeps its values (the data holds them); else they are set.
+    if case.setup in ("copied", "stats-off-after", "legacy-state-dict"):
         with torch.no_grad():
             if case.affine:
                 module.weight.copy_(data.weight)
@@ -238,6 +243,9 @@ def run_steps(ctx, case: Case, impl, device: str, data, group, refuse_at: Option
                 module.running_var.copy_(data.running_var)
     if case.setup == "stats-off-after":
         module.track_running_stats = False
+    if case.setup == "legacy-state-dict":  # a layer trained before, given its own values back as an old file has them
+        module.num_batches_tracked.fill_(LEGACY_COUNT)
+        problems += [("layer.load", p) for p in _load(module, data, case)]
     observed: list = []
     pending: list = []  # forwards ("fwd" steps) whose backward comes with the next train step
     for s, kind in enumerate(case.steps):
@@ -284,6 +292,22 @@ def run_steps(ctx, case: Case, impl, device: str, data, group, refuse_at: Option
             module.zero_grad(set_to_none=True)
     ctx.mark_step(None)
     return observed, problems
+
+
+def _load(module, data, case: Case, assign: bool = False) -> list[str]:
+    """``module.load_state_dict`` of the case's values (the module's own where it has them) as a hand-built or
+    old state dict has them: no num_batches_tracked, no version metadata; what went wrong, if anything."""
+    state = {k: v.detach().clone() for k, v in module.state_dict().items() if not k.endswith("num_batches_tracked")}
+    if assign:
+        values = {"weight": data.weight, "bias": data.bias, "running_mean": data.running_mean,
+                  "running_var": data.running_var}
+        state = {k: values[k].clone() for k in state if k in values}
+    try:
+        module.load_state_dict(state, assign=assign)
+    except (RuntimeError, TypeError) as exc:
+        return [f"load_state_dict({'assign=True' if assign else ''}) of a state dict without num_batches_tracked "
+                f"(as nn.BatchNorm loads one): {exc}"]
+    return []
 
 
 def _misplaced(module, device: str, pdtype: torch.dtype) -> list[str]:

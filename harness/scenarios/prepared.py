@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from harness.catalog.case import Case
+from harness.catalog.case import LEGACY_COUNT, Case
 from harness.catalog.data import DTYPES, CaseData, materialize
 from harness.judge.oracle import StepTruth, run_oracle
 
@@ -59,6 +59,7 @@ def prepare(case: Case, rank: int, exchange=None) -> tuple[CaseData, list[StepTr
         weight=data.weight, bias=data.bias, param_dtype=DTYPES[case.param_dtype],
         running_mean=data.running_mean, running_var=data.running_var, groups=case.groups, ranks=[rank],
         frozen_buffers=case.setup == "stats-off-after",
+        batches_tracked=LEGACY_COUNT if case.setup == "legacy-state-dict" else 0,
         exchange=exchange.sum if own else None)
     _kept = (key, data, truths)
     return data, truths

@@ -209,3 +209,18 @@ def test_frozen_buffers_follow_a_batchnorm_whose_flag_was_switched_off_after_con
             assert truths[s].num_batches_tracked[r] == int(bn.num_batches_tracked) == 0
         bn.zero_grad()
     assert torch.equal(bn.running_mean, start_mean)
+
+
+def test_a_count_from_before_carries_momentum_nones_average_on():
+    g = torch.Generator().manual_seed(4)
+    xs = [[torch.randn(n, 3, 2, generator=g, dtype=torch.float64) + 1 for n in (3, 2)] for _ in range(2)]
+    dys = [[torch.zeros_like(x) for x in step] for step in xs]
+    bn = torch.nn.BatchNorm1d(3, momentum=None, dtype=torch.float64)
+    bn.num_batches_tracked.fill_(5)
+    truths = run_oracle(xs, dys, ["train", "train"], num_features=3, momentum=None, param_dtype=torch.float64,
+                        batches_tracked=5)
+    for s in range(2):
+        bn(torch.cat(xs[s]))
+        torch.testing.assert_close(truths[s].running_mean[0], bn.running_mean, rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(truths[s].running_var[1], bn.running_var, rtol=1e-12, atol=1e-14)
+        assert truths[s].num_batches_tracked[0] == int(bn.num_batches_tracked) == 6 + s

@@ -468,6 +468,37 @@ class StatsFlagIgnored(TextbookSyncBN):
             self.track_running_stats = flag
 
 
+class _CountOnLoad(TextbookSyncBN):
+    """What a state dict without num_batches_tracked loads as the count: ``missing_count``'s answer."""
+
+    def missing_count(self):
+        raise NotImplementedError
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        key = prefix + "num_batches_tracked"
+        if self.track_running_stats and key not in state_dict:
+            state_dict[key] = self.missing_count()
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+
+class ResetsCountOnLoad(_CountOnLoad):
+    """A state dict without num_batches_tracked resets the count to 0 (pytorch#110361): momentum=None's
+    average restarts after the load."""
+
+    def missing_count(self):
+        return torch.tensor(0, dtype=torch.long)
+
+
+class KeepsMetaCount(_CountOnLoad):
+    """A state dict without num_batches_tracked keeps the module's count, a meta tensor where the module was
+    built on the meta device (pytorch#115285 replaced it with a real 0)."""
+
+    def missing_count(self):
+        return self.num_batches_tracked
+
+
 class FlatGatherOffGloo(TextbookSyncBN):
     """Gathers the ranks' counts into one flat tensor on every backend not named gloo, as torch's SyncBatchNorm
     picks its all_gather by the backend's name: a backend with the list all_gather only (MPI's, third-party
@@ -539,6 +570,8 @@ CATCHERS = {
     UniformInitWeight: (["module-config/as-built/*"], "mismatch", "train.output"),
     IgnoresFactoryDtype: (["module-config/factory-*"], "mismatch", "layer.factory"),
     StatsFlagIgnored: (["module-config/stats-off-after/*"], "mismatch", "running_mean"),
+    ResetsCountOnLoad: (["module-config/legacy-state-dict/*"], "mismatch", "running_mean"),
+    KeepsMetaCount: (["module-config/meta-assign/*"], ("error", "crash"), "meta"),
     AffineNeedsBias: (["module-config/bias-off*"], "mismatch", "train.output"),
 
 
