@@ -15,7 +15,8 @@ and may have a third, asked in the parent before any rank runs the case:
   run here (a device, a backend, an implementation it needs), or None; such
   records are ``unsupported`` with that reason (:func:`unsupported_reason`).
 
-- :mod:`~harness.scenarios.layer`: one SyncBN layer (or a converted nested model's layer), step by step;
+- :mod:`~harness.scenarios.layer`: one SyncBN layer (or a converted nested model's layer), step by step, made ready
+  as the case's setup says (:mod:`~harness.scenarios.layer_setup`: copied values, as built, in place, loaded);
 - :mod:`~harness.scenarios.model`: SyncBN inside a small network, optionally under DDP or FSDP2 and an optimizer
   (the networks in :mod:`~harness.scenarios.networks`, their float64 side stepped in lockstep in
   :mod:`~harness.scenarios.network_oracle`, FSDP2's sharding in :mod:`~harness.scenarios.sharded`);

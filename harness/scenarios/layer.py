@@ -34,7 +34,7 @@ from typing import Optional
 
 import torch
 
-from harness.catalog.case import LEGACY_COUNT, STEP_KINDS, Case, evaluates
+from harness.catalog.case import STEP_KINDS, Case, evaluates
 from harness.catalog.data import DTYPES
 from harness.judge.budget import sum_tolerance_of
 from harness.judge.compare import judge_rank, judge_sums
@@ -42,7 +42,7 @@ from harness.judge.invariants import bits
 from harness.judge.metric import Metric
 from harness.judge.metric_key import step_key
 from harness.judge.oracle import ONE_VALUE
-from harness.scenarios import prepared
+from harness.scenarios import layer_setup, prepared
 from harness.scenarios.across import Across, judge_bitwise, of_results
 
 TENSORS = ("output", "grad_input", "grad_weight", "grad_bias", "running_mean", "running_var")
@@ -217,35 +217,15 @@ def run_steps(ctx, case: Case, impl, device: str, data, group, refuse_at: Option
     if case.model == "nested":
         module, converted = convert_nested(case, impl, group)
         problems += [(f"convert.{i}", p) for i, p in enumerate(converted)]
-    elif case.setup == "meta-assign":  # as large models are materialized: nothing allocated until the load
-        with torch.device("meta"):
-            module = impl.build(case, group, device)
-        problems += [("layer.load", p) for p in _load(module, data, case, assign=True)]
-    else:
-        module = impl.build(case, group, device)
-    if case.setup == "factory":  # made in place by device= and dtype=: nothing may move it after
-        problems += [("layer.factory", p) for p in _misplaced(module, device, pdtype)]
-    else:
         module = module.to(device=device, dtype=pdtype)
+        problems += layer_setup.set_values(module, case, data)
+    else:
+        module, made = layer_setup.ready(case, impl, group, device, data)
+        problems += made
     has_bias = getattr(module, "bias", None) is not None
     if case.affine and not case.bias and has_bias:
         problems.append(("layer.bias", "built with bias=False, the layer has a bias all the same (nn.BatchNorm's "
                                        "is None); it is left as the layer made it"))
-    # As built or loaded on the meta device, the module keeps its values (the data holds them); else they are set.
-    if case.setup in ("copied", "stats-off-after", "legacy-state-dict"):
-        with torch.no_grad():
-            if case.affine:
-                module.weight.copy_(data.weight)
-                if case.bias:
-                    module.bias.copy_(data.bias)
-            if case.track_running_stats:
-                module.running_mean.copy_(data.running_mean)
-                module.running_var.copy_(data.running_var)
-    if case.setup == "stats-off-after":
-        module.track_running_stats = False
-    if case.setup == "legacy-state-dict":  # a layer trained before, given its own values back as an old file has them
-        module.num_batches_tracked.fill_(LEGACY_COUNT)
-        problems += [("layer.load", p) for p in _load(module, data, case)]
     observed: list = []
     pending: list = []  # forwards ("fwd" steps) whose backward comes with the next train step
     for s, kind in enumerate(case.steps):
@@ -292,30 +272,6 @@ def run_steps(ctx, case: Case, impl, device: str, data, group, refuse_at: Option
             module.zero_grad(set_to_none=True)
     ctx.mark_step(None)
     return observed, problems
-
-
-def _load(module, data, case: Case, assign: bool = False) -> list[str]:
-    """``module.load_state_dict`` of the case's values (the module's own where it has them) as a hand-built or
-    old state dict has them: no num_batches_tracked, no version metadata; what went wrong, if anything."""
-    state = {k: v.detach().clone() for k, v in module.state_dict().items() if not k.endswith("num_batches_tracked")}
-    if assign:
-        values = {"weight": data.weight, "bias": data.bias, "running_mean": data.running_mean,
-                  "running_var": data.running_var}
-        state = {k: values[k].clone() for k in state if k in values}
-    try:
-        module.load_state_dict(state, assign=assign)
-    except (RuntimeError, TypeError) as exc:
-        return [f"load_state_dict({'assign=True' if assign else ''}) of a state dict without num_batches_tracked "
-                f"(as nn.BatchNorm loads one): {exc}"]
-    return []
-
-
-def _misplaced(module, device: str, pdtype: torch.dtype) -> list[str]:
-    """What of a module built with ``device=`` and ``dtype=`` is not where and what they asked for."""
-    want = torch.device(device)
-    return [f"built with device={device!r}, dtype={pdtype}, its {name} is {t.dtype} on {t.device}"
-            for name, t in [*module.named_parameters(), *module.named_buffers()]
-            if t.device.type != want.type or (t.is_floating_point() and t.dtype != pdtype)]
 
 
 def _try_refused(impl, module, x: torch.Tensor, case: Case) -> dict:
