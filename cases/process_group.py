@@ -9,6 +9,10 @@ Catches:
   synchronize (torch's ``need_sync`` is ``world_size > 1``; ``>= 1`` would
   gather from itself): every rank's collectives are checked, and an empty
   batch alone in its group is the case where such a gather changes results;
+- an empty rank in a subgroup of two: its forward and backward must still join
+  its group's collectives, not the default group's (the backward's all_reduce
+  that unblocks the peers of an empty rank, pytorch#36382's path, given the
+  default group hangs or mixes the subgroups);
 - ``convert_sync_batchnorm`` (or apex's ``convert_syncbn_model``) on a nested
   model that resets ``requires_grad`` (pytorch#22569), drops the training flag
   of a module in eval mode (pytorch#111998), loses parameters or buffers, or
@@ -21,7 +25,7 @@ FAMILY = "process-group"
 
 
 def cases() -> list[Case]:
-    return [
+    subgroups = [
         Case(id=f"{FAMILY}/pairs-01-23/ws4", family=FAMILY, batch_sizes=(2, 3, 4, 1),
              spatial=((3, 3),) * 4, groups=((0, 1), (2, 3))),
         Case(id=f"{FAMILY}/pairs-02-13/ws4", family=FAMILY, batch_sizes=(1, 4, 2, 3),
@@ -30,6 +34,11 @@ def cases() -> list[Case]:
              spatial=((3, 2),) * 3, groups=((0,), (1, 2))),
         Case(id=f"{FAMILY}/split-empty-0-12/ws3", family=FAMILY, batch_sizes=(0, 2, 3),
              spatial=((3, 2),) * 3, groups=((0,), (1, 2)), steps=("train", "train", "eval")),
+        Case(id=f"{FAMILY}/pairs-empty-01-23/ws4", family=FAMILY, batch_sizes=(0, 3, 2, 4),
+             spatial=((2, 3),) * 4, groups=((0, 1), (2, 3)), steps=("train", "train")),
+    ]
+    # Its twin on torch's non-gloo path (nccl-contract): the flat all_gather over the subgroup.
+    return subgroups + [subgroups[-1].on_backend("nccl-contract")] + [
         Case(id=f"{FAMILY}/convert-nested/ws2", family=FAMILY, batch_sizes=(3, 2), spatial=((4, 3),) * 2,
              model="nested", steps=("train", "eval")),
         Case(id=f"{FAMILY}/convert-nested-subgroup/ws4", family=FAMILY, batch_sizes=(2, 1, 3, 2),
