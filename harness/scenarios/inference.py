@@ -20,7 +20,9 @@ batch under ``torch.no_grad()``. Each program is called on that batch and on a s
 (:func:`second_batch`): a program that baked in a value of the first batch shows on the second. Every output is
 judged against the float64 unconverted model in eval mode on the same batch (the oracle after the same training
 steps: the same running statistics), and afterwards every BatchNorm buffer must be what the oracle's is
-(inference moves nothing). No collective may be issued there. An exception raised by the model or by making a
+(inference moves nothing). A traced program that calls ``aten::batch_norm`` must also record there the momenta
+the unconverted model's own trace records (what an ONNX export writes, pytorch#18525). No collective may be issued
+there. An exception raised by the model or by making a
 program is the implementation's (an ``error``; its traceback says which program).
 
 Across ranks (in the parent): every buffer bitwise the same on every rank after each step
@@ -37,6 +39,7 @@ import torch
 from harness.catalog.case import STEP_KINDS, Case
 from harness.catalog.data import DTYPES, materialize
 from harness.judge.compare import compare_tensor
+from harness.judge.metric import Metric
 from harness.judge.metric_key import step_key
 from harness.judge.network_budget import network_tolerance
 from harness.scenarios import user_models
@@ -103,6 +106,8 @@ def infer(case: Case, impl, model: torch.nn.Module, oracle: torch.nn.Module, x: 
     with impl.shipped(model), torch.no_grad():
         for name, make in PROGRAMS:
             program = make(model, x)
+            if make is _traced:
+                _judge_recorded_momenta(program, oracle, metrics, key)
             for suffix, b in batches.items():
                 y = impl.forward(program, b) if program is model else program(b)
                 judge(f"{name}output{suffix}", y, truths[suffix], DTYPES[case.dtype])
@@ -110,6 +115,26 @@ def infer(case: Case, impl, model: torch.nn.Module, oracle: torch.nn.Module, x: 
     truth = dict(oracle.named_buffers(remove_duplicate=False))
     return judge_buffers(model.named_buffers(remove_duplicate=False), truth, judge, metrics, key,
                          DTYPES[case.param_dtype])
+
+
+def recorded_momenta(traced) -> list:
+    """The momentum each ``aten::batch_norm`` call of a traced program records, in graph order: what the
+    TorchScript-based ONNX exporter writes into each BatchNormalization node (as 1 - momentum)."""
+    return [list(node.inputs())[6].toIValue() for node in traced.inlined_graph.nodes()
+            if node.kind() == "aten::batch_norm"]
+
+
+def _judge_recorded_momenta(traced, oracle: torch.nn.Module, metrics: list, key) -> None:
+    """The traced program's momenta against the unconverted model's layers' (pytorch#18525: SyncBN's eval
+    recorded momentum 0 whatever the layer's, so ONNX exports wrote 1.0)."""
+    # nn.BatchNorm's eval passes its momentum (0.0 for None): from the layers' settings, not from a trace of the
+    # oracle (a torch whose batchnorm.py is patched, as `undo` patches it, would trace the oracle the same way).
+    want = [0.0 if bn.momentum is None else bn.momentum for bn in user_models.batch_norms(oracle).values()]
+    got = recorded_momenta(traced)
+    if got and got != want:  # none: its own ops normalize (the reference's), nothing recorded to compare
+        metrics.append((key("trace.momentum"), Metric.failure(
+            f"the traced program records momentum {got} in its batch_norm calls, the unconverted model {want} "
+            "(what an ONNX export writes)")))
 
 
 def run_rank(ctx, case: Case, impl, device: str, result, compare_with: Optional[str] = None) -> None:

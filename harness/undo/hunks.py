@@ -126,15 +126,41 @@ def _find(lines: Sequence[str], block: Sequence[str]) -> list[int]:
     return [i for i in range(len(lines) - n + 1) if list(lines[i:i + n]) == list(block)]
 
 
-def _locate(lines: Sequence[str], after: Sequence[str], h: Hunk) -> tuple[Optional[int], str]:
+def scopes(text: str) -> list[str]:
+    """Each line's innermost enclosing class or function in ``text`` (Python source), as a dotted name
+    (``SyncBatchNorm.forward``; ``""`` at module level)."""
+    names = [""] * (len(text.splitlines()) + 1)
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = f"{prefix}.{child.name}" if prefix else child.name
+                names[child.lineno - 1:child.end_lineno] = [name] * (child.end_lineno - child.lineno + 1)
+                visit(child, name)
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(text), "")
+    return names
+
+
+def _locate(lines: Sequence[str], after: Sequence[str], h: Hunk, in_lines: Sequence[str],
+            in_after: Sequence[str]) -> tuple[Optional[int], str]:
     """Where hunk ``h``'s lines of ``after`` are in ``lines``: the index of its first line (for a pure deletion,
     of the line after which the deleted lines go back), widened by ``after``'s lines before it until the place
-    is unique; or None and why."""
+    is unique within the function (or class) the hunk is in (``in_after``, ``in_lines``: each line's
+    :func:`scopes`: the same lines in another method are another place), or else within functions of its name
+    (a method moved to a base class); or None and why."""
     anchored = h.a1 == h.a0
     start, end = (h.a0 - 1, h.a0) if anchored else (h.a0, h.a1)
+    first = max(start, 0)  # the hunk's own first line (or its anchor), whose scope the place must have
+    scope = in_after[first]
     while True:
         block = after[max(start, 0):end]
-        where = _find(lines, block) if block else []
+        found = [(i, in_lines[i + first - max(start, 0)]) for i in _find(lines, block)] if block else []
+        # In the same class and function; else in a function of the same name (a method moved to a base class).
+        where = [i for i, there in found if there == scope] or [
+            i for i, there in found if there.rsplit(".", 1)[-1] == scope.rsplit(".", 1)[-1]]
         if len(where) == 1:
             return where[0] + (h.a0 - max(start, 0)), ""
         if not where or start <= 0:
@@ -166,10 +192,12 @@ def undo(installed: str, before: str, after: str, markers: Sequence[str]) -> Und
     effect = hunks(with_it, without)
     if not effect:
         return Undone(None, len(chosen), "it changed only comments, docstrings or formatting: no code to undo")
-    lines = canonical(installed).splitlines(keepends=True)
+    installed_text = canonical(installed)
+    lines = installed_text.splitlines(keepends=True)
+    in_lines, in_after = scopes(installed_text), scopes(with_it)
     edits = []
     for h in hunks(without, with_it):
-        at, why = _locate(lines, a, h)
+        at, why = _locate(lines, a, h, in_lines, in_after)
         if at is None:
             return Undone(None, len(chosen), why)
         edits.append((at, at + (h.a1 - h.a0), b[h.b0:h.b1]))

@@ -99,3 +99,36 @@ def test_the_committed_changes_file_loads_and_names_each_change_once():
     assert {f.kind for f in entries} <= set(fixes.KINDS)
     ids = [(f.id, f.file) for f in entries]
     assert len(ids) == len(set(ids))
+
+
+# The same lines in two methods (as _BatchNorm.forward and SyncBatchNorm.forward share their momentum factor):
+# a change to one method is undone in that method, even where the lines before it in the release are next to the
+# other method's copy in the installed file.
+TWO_BEFORE = textwrap.dedent('''
+    class Base:
+        def forward(self, x):
+            self.check(x)
+            factor = self.momentum or 0.0
+            return x * factor
+
+
+    class Sync(Base):
+        def forward(self, x):
+            self.check(x)
+            factor = 0.0
+            return x * factor
+''')
+TWO_AFTER = TWO_BEFORE.replace("        factor = 0.0\n", "        factor = self.momentum or 0.0\n")
+# Later, Sync.forward checks its channels first: the release's line before the change is now next to Base's copy.
+TWO_INSTALLED = TWO_AFTER.replace("class Sync(Base):\n    def forward(self, x):\n        self.check(x)\n",
+                                  "class Sync(Base):\n    def forward(self, x):\n        self.check(x)\n"
+                                  "        self.check_channels(x)\n")
+
+
+def test_a_change_is_undone_in_its_own_method_not_in_another_with_the_same_lines():
+    assert TWO_INSTALLED.count("factor = self.momentum or 0.0") == 2 and "check_channels" in TWO_INSTALLED
+    done = undo(TWO_INSTALLED, TWO_BEFORE, TWO_AFTER, ["factor = self.momentum"])
+    assert done.ok, done.reason
+    base, sync = done.text.split("class Sync")
+    assert "factor = self.momentum or 0.0" in base  # the other method's copy stays
+    assert "factor = 0.0" in sync and "self.momentum" not in sync
