@@ -147,13 +147,25 @@ class Float32SyncBN(nn.Module):
         it); called by the backward."""
         return dya.sum(_dims(dya)), (dya * xmu).sum(_dims(dya))
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # As nn.BatchNorm loads one: a state dict without the count (hand-built, or older than it) keeps this
+        # layer's count, a real 0 where that is a meta tensor (a layer built on the meta device).
+        key = prefix + "num_batches_tracked"
+        if self.track_running_stats and key not in state_dict:
+            own = self.num_batches_tracked
+            state_dict[key] = own if own is not None and own.device.type != "meta" else torch.tensor(0,
+                                                                                                     dtype=torch.long)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
     def forward(self, x):
         if x.dim() < 2 or x.shape[1] != self.num_features:
             raise ValueError(f"expected (N, {self.num_features}, ...) input, got {tuple(x.shape)}")
         if self.training and self.track_running_stats:
             self.num_batches_tracked += 1
             self._factor = 1.0 / int(self.num_batches_tracked) if self.momentum is None else self.momentum
-        if not self.training and self.track_running_stats:
+        if not self.training and self.running_mean is not None:  # buffers there: eval uses them, as nn.BatchNorm
             acc = _acc(x.dtype)
             invstd = torch.rsqrt(self.running_var.to(acc) + self.eps)
             w = self.weight.to(acc) if self.affine else torch.ones(self.num_features, dtype=acc)

@@ -96,6 +96,18 @@ class GatherSyncBN(nn.Module):
             y = y * self.weight.double().view(_bshape(x)) + self.bias.double().view(_bshape(x))
         return y.to(x.dtype)
 
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                              error_msgs):
+        # As nn.BatchNorm loads one: a state dict without the count (hand-built, or older than it) keeps this
+        # layer's count, a real 0 where that is a meta tensor (a layer built on the meta device).
+        key = prefix + "num_batches_tracked"
+        if self.track_running_stats and key not in state_dict:
+            own = self.num_batches_tracked
+            state_dict[key] = own if own is not None and own.device.type != "meta" else torch.tensor(0,
+                                                                                                     dtype=torch.long)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
     def forward(self, x):
         if x.dim() < 2:
             raise ValueError(f"expected at least 2D input (got {x.dim()}D input)")
