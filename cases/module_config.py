@@ -24,7 +24,10 @@ Catches:
 - a state dict without ``num_batches_tracked`` (hand-built or old) loaded into
   a trained layer: its count must stay, or momentum=None's average restarts
   (pytorch#110361); a layer built on the meta device and loaded with
-  ``assign=True``: its count must become a real 0 (pytorch#115285).
+  ``assign=True``: its count must become a real 0 (pytorch#115285);
+- one channel, a rank holding one value: its input has a single element, and
+  code that takes a one-element input for an empty one (``numel() > 1`` for
+  ``> 0``) drops that rank from the statistics or its output.
 """
 
 from harness.catalog.case import Case
@@ -61,6 +64,7 @@ def cases() -> list[Case]:
         _case("stats-off-after", steps=("train", "eval", "train"), setup="stats-off-after"),
         _case("legacy-state-dict", momentum=None, steps=("train", "train", "eval"), setup="legacy-state-dict"),
         _case("meta-assign", momentum=None, steps=("train", "train", "eval"), setup="meta-assign"),
+        _case("one-channel-one-value", batch_sizes=(1, 3), spatial=(), channels=1, steps=("train", "train")),
         _case("bias-off-momentum-none-5d", batch_sizes=(2, 0, 3), spatial=(2, 3, 2), bias=False, momentum=None,
               steps=("train", "train", "eval")),
     ]
