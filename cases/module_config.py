@@ -2,6 +2,8 @@
 
 Catches:
 - affine=False (weight None) dereferenced, or gradients for absent parameters;
+  an empty rank's backward that joins its peers' all_reduce only when the
+  weight wants a gradient (the peers wait for it);
 - track_running_stats=False still writing buffers or failing in the gather
   (pytorch#49730, fixed by pytorch#50126);
 - momentum=None (cumulative average) treated as a fixed factor (pytorch#31498);
@@ -45,6 +47,7 @@ def cases() -> list[Case]:
     return [
         _case("affine-off", affine=False),
         _case("affine-off-no-running-stats", affine=False, track_running_stats=False),
+        _case("affine-off-empty-rank", batch_sizes=(0, 3, 2), affine=False, steps=("train", "train")),
         _case("no-running-stats", track_running_stats=False, steps=("train", "eval")),
         _case("momentum-none-3-steps", momentum=None, steps=("train", "train", "train")),
         _case("momentum-none-eval", momentum=None, steps=("train", "train", "eval")),

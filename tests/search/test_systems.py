@@ -2,7 +2,8 @@
 
 - Each planted defect of ``training_defects.SEARCH_ONLY`` passes the default selection (only search can find
   it; one of them also shows beside a known issue on the reentrant checkpoint cases, since known issues name
-  their symptoms), and ``search --system all`` finds it within a budget of cases and shrinks it to a case
+  their symptoms), and ``search --system all`` finds it (one of them in CI; every one with
+  ``SYNCBN_HARNESS_FULL_PRODUCT=1``) within a budget of cases and shrinks it to a case
   that keeps what the defect needs (an option, a use, the momentum rule) and loses everything else: two ranks,
   one training step, no DDP.
 - The controls (the reference, and an independent SyncBN differentiated by autograd) raise no finding over
@@ -69,8 +70,15 @@ def test_training_system_defects_pass_the_default_selection():
     assert not rest, "\n".join(rest)
 
 
+# Finding and shrinking takes minutes per defect on two cores: CI runs one, the full sweeps every one
+# (SYNCBN_HARNESS_FULL_PRODUCT=1 pytest -m sweep tests/search).
+FULL = os.environ.get("SYNCBN_HARNESS_FULL_PRODUCT") == "1"
+IN_CI = ("SyncsOnlyWithInputGrad",)
+
+
 @pytest.mark.sweep(152)
-@pytest.mark.parametrize("defect", sorted(_defects(), key=lambda c: c.__name__), ids=lambda c: c.__name__)
+@pytest.mark.parametrize("defect", [d for d in sorted(_defects(), key=lambda c: c.__name__)
+                                    if FULL or d.__name__ in IN_CI], ids=lambda c: c.__name__)
 def test_search_finds_and_shrinks_the_training_system_defect(defect):
     needs, words = _defects()[defect]
     result = explore([f"training_defects:{defect.__name__}"], NOT_CONVERSION, seed=0, max_cases=FIND_WITHIN,
