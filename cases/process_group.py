@@ -12,7 +12,9 @@ Catches:
 - an empty rank in a subgroup of two: its forward and backward must still join
   its group's collectives, not the default group's (the backward's all_reduce
   that unblocks the peers of an empty rank, pytorch#36382's path, given the
-  default group hangs or mixes the subgroups);
+  default group hangs or mixes the subgroups); with ``--exhaustive``, a
+  network fed data (no input gradient) with an empty rank: every rank must
+  agree on whether backward's all_reduce runs;
 - ``convert_sync_batchnorm`` (or apex's ``convert_syncbn_model``) on a nested
   model that resets ``requires_grad`` (pytorch#22569), drops the training flag
   of a module in eval mode (pytorch#111998), loses parameters or buffers, or
@@ -45,4 +47,9 @@ def cases() -> list[Case]:
              spatial=((3, 3),) * 4, groups=((0, 1), (2, 3)), model="nested"),
         Case(id=f"{FAMILY}/convert-nested-1d/ws2", family=FAMILY, batch_sizes=(4, 3), spatial=((),) * 2,
              model="nested", affine=True, momentum=None, steps=("train", "train")),
+        # SyncBN the network's first layer, its input data: only with --exhaustive (or by its ID), since a
+        # training defect that search must find alone fails it (tests/support/training_defects.py, SEARCH_ONLY).
+        Case(id=f"{FAMILY}/data-input-empty-rank/ws3", family=FAMILY, batch_sizes=(0, 3, 2), spatial=((4, 4),) * 3,
+             channels=3, scenario="model", model="bn-first", options=("data-input",), steps=("train", "train"),
+             default=False),
     ]

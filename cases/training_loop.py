@@ -17,9 +17,7 @@ Catches:
 - widths of real networks (256 to 2048 channels: ResNet-50's last stage is
   2048 wide) where kernels go wrong (apex#1768, pytorch#57077);
 - forward that writes into its input, or returns an output aliasing it
-  (checked in every case of every layer family);
-- a network's input as data (no gradient) with an empty rank: a backward
-  whose empty rank joins (or skips) the all_reduce its peers skip (or join).
+  (checked in every case of every layer family).
 
 The generated matrix crosses every variant with the dtype combinations and
 per-rank batch layouts (world sizes 2, 3, 4, an empty rank); the default
@@ -63,10 +61,4 @@ def _case(variant: str, spec: dict, dtypes: tuple, layout: tuple, default: bool)
 
 def cases() -> list[Case]:
     return [_case(*variant, dtypes, layout, default)
-            for (variant, dtypes, layout), default in covering.product(VARIANTS, DTYPES, LAYOUTS)] + [
-        # The network's input as data (no gradient wanted) with an empty rank, SyncBN the first layer: every rank
-        # must agree on whether backward's all_reduce runs. Only with --exhaustive (or by its ID): a training
-        # defect that search must find alone fails it (tests/support/training_defects.py, SEARCH_ONLY).
-        Case(id=f"{FAMILY}/data-input-empty-rank/ws3", family=FAMILY, batch_sizes=(0, 3, 2), spatial=((4, 4),) * 3,
-             channels=3, scenario="model", model="bn-first", options=("data-input",), steps=("train", "train"),
-             default=False)]
+            for (variant, dtypes, layout), default in covering.product(VARIANTS, DTYPES, LAYOUTS)]
