@@ -51,7 +51,7 @@ DYNAMO_SCENARIOS = ("model", "conversion", "checkpoint", "revert", "inference")
 # Families whose cases all run a scenario outside DYNAMO_SCENARIOS (tests/engine/test_forkserver.py checks
 # this table against the catalog): a selection made only of these starts a forkserver without dynamo.
 LIGHT_FAMILIES = ("allgather-shape", "channels-last", "cuda-graph", "degenerate", "mixed-precision", "module-config",
-                  "numerics", "private-ops", "process-group", "scale", "search")
+                  "numerics", "private-ops", "scale", "search")
 
 _started_with: Optional[tuple[str, ...]] = None
 SOCKET_PATH_MAX = 107  # a Unix socket's path holds 108 bytes with its terminating NUL
