@@ -1,0 +1,101 @@
+"""apex's Python ``SyncBatchNorm`` and ``convert_syncbn_model`` with one upstream fix undone, as harness plugins.
+
+Each is ``apex.parallel``'s installed fallback class (the last commit with ``apex.parallel``, e13873de) with one
+method, or the converter, recompiled from the installed source with the lines as they were before the fix
+(:mod:`source_edits`):
+
+- :class:`ReturnUndone`: apex#384 undone (2019-07): the training forward computed its output and returned None.
+- :class:`ChannelLastUndone`: apex#167 undone (2019-01): the fallback's constructor took no ``channel_last``,
+  which ``convert_syncbn_model`` passes (apex#166): every conversion raised.
+- :class:`NestedGroupUndone`: apex#94 undone (2018-12): the converter's recursion passed neither the process
+  group nor ``channel_last`` to nested layers, which synchronized over the whole world.
+- :class:`CountUndone`: apex#380 undone (2019-09): the converter did not copy ``num_batches_tracked``.
+- :class:`GroupPerForwardUndone`: apex#105 undone (2019-01): without a process group, every training forward made
+  a new one (``new_group()``), which made NCCL training stall.
+- :class:`Control`: the same plugin without edits.
+
+On a CPU-only torch build the fallback's NVTX marks are made no-ops, as the apex adapter does. Run with apex on
+``PYTHONPATH``: ``PYTHONPATH=tests/support:APEX python -m harness run --impl undone_apex:ReturnUndone --case ...``.
+"""
+
+from __future__ import annotations
+
+import apex.parallel
+from apex.parallel import sync_batchnorm
+from source_edits import edited_function, edited_method
+
+from harness.impls.apex import _nvtx_noop, nvtx_usable
+
+if not nvtx_usable():  # the rank processes import this module before they build a layer
+    _nvtx_noop()
+
+Fallback = sync_batchnorm.SyncBatchNorm
+convert_syncbn_model = apex.parallel.convert_syncbn_model
+
+# Method sources are dedented: a method's body is indented by four spaces, a module function's too.
+RETURN = [["    return out.to(cast)\n", "    out = out.to(cast)\n"]]
+CHANNEL_LAST = [["process_group=None, channel_last=False):", "process_group=None):"],
+                ["    if channel_last == True:\n", "    if False:\n"]]
+NESTED = [["convert_syncbn_model(child,\n                                                  process_group=process_group,\n"
+           "                                                  channel_last=channel_last)",
+           "convert_syncbn_model(child)"]]
+COUNT = [["        mod.num_batches_tracked = module.num_batches_tracked\n", ""]]
+GROUP_PER_FORWARD = [["        process_group = torch.distributed.group.WORLD\n",
+                      "        process_group = torch.distributed.new_group()\n"]]
+
+
+class Control(Fallback):
+    """apex's fallback SyncBatchNorm and ``convert_syncbn_model``, as installed."""
+
+    name = "apex fallback (as installed)"
+    converter = staticmethod(convert_syncbn_model)
+
+    @classmethod
+    def convert_sync_batchnorm(cls, module, process_group=None):
+        return cls.converter(module, process_group=process_group)
+
+
+def _converter(cls, edits=()):
+    """apex's converter (recompiled with ``edits``) building ``cls``'s layers."""
+    return staticmethod(edited_function(convert_syncbn_model, edits, SyncBatchNorm=cls))
+
+
+class ReturnUndone(Control):
+    """apex#384 undone: the training forward returns None."""
+
+    name = "apex fallback, apex#384 undone"
+    forward = edited_method(Fallback, "forward", RETURN)
+
+
+class ChannelLastUndone(Control):
+    """apex#167 undone: the constructor refuses ``channel_last``, which the converter passes."""
+
+    name = "apex fallback, apex#167 undone"
+    __init__ = edited_method(Fallback, "__init__", CHANNEL_LAST)
+
+
+class NestedGroupUndone(Control):
+    """apex#94 undone: nested layers are converted without the process group."""
+
+    name = "apex fallback, apex#94 undone"
+
+
+class CountUndone(Control):
+    """apex#380 undone: ``num_batches_tracked`` is not copied by the converter."""
+
+    name = "apex fallback, apex#380 undone"
+
+
+class GroupPerForwardUndone(Control):
+    """apex#105 undone: a training forward without a process group makes a new one."""
+
+    name = "apex fallback, apex#105 undone"
+    forward = edited_method(Fallback, "forward", GROUP_PER_FORWARD)
+
+
+Control.converter = _converter(Control)
+ChannelLastUndone.converter = _converter(ChannelLastUndone)
+NestedGroupUndone.converter = _converter(NestedGroupUndone, NESTED)
+CountUndone.converter = _converter(CountUndone, COUNT)
+ReturnUndone.converter = _converter(ReturnUndone)
+GroupPerForwardUndone.converter = _converter(GroupPerForwardUndone)
