@@ -36,8 +36,8 @@ convert_syncbn_model = apex.parallel.convert_syncbn_model
 RETURN = [["    return out.to(cast)\n", "    out = out.to(cast)\n"]]
 CHANNEL_LAST = [["process_group=None, channel_last=False):", "process_group=None):"],
                 ["    if channel_last == True:\n", "    if False:\n"]]
-NESTED = [["convert_syncbn_model(child,\n                                                  process_group=process_group,\n"
-           "                                                  channel_last=channel_last)",
+_ALIGN = " " * 50  # the converter's continuation lines are aligned under its recursive call's first argument
+NESTED = [[f"convert_syncbn_model(child,\n{_ALIGN}process_group=process_group,\n{_ALIGN}channel_last=channel_last)",
            "convert_syncbn_model(child)"]]
 COUNT = [["        mod.num_batches_tracked = module.num_batches_tracked\n", ""]]
 GROUP_PER_FORWARD = [["        process_group = torch.distributed.group.WORLD\n",
