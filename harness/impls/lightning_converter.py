@@ -14,6 +14,16 @@ groups; the plugin as shipped takes none, so cases that need a subgroup are
 plain ``_BatchNormXd``, done when a Trainer's DDP or FSDP strategy tears down)
 is this adapter's revert: the ``revert`` scenario's cases
 (``conversion/revert/*``) run it after a training step.
+
+``--impl lightning-trainer`` (:class:`LightningTrainerImpl`) reaches the same
+plugin the way a Trainer user does: ``Trainer(strategy=DDPStrategy(),
+sync_batchnorm=True)``, the strategy passed by hand. The Trainer hands its
+layer sync to the strategy (or not: Lightning#7026, a strategy passed by hand
+got none and SyncBN was silently off), and the adapter converts and reverts
+with what the strategy holds, the two steps ``DDPStrategy.setup`` and
+``teardown`` take around ``fit``. A strategy given no layer sync leaves the
+model's BatchNorm as it is, which the conversion cases judge as the
+unsynchronized training it is.
 """
 
 from __future__ import annotations
@@ -43,3 +53,37 @@ class LightningImpl(TorchLayerAdapter):
         from lightning.pytorch.plugins import TorchSyncBatchNorm
 
         return TorchSyncBatchNorm().revert
+
+
+class LightningTrainerImpl(LightningImpl):
+    """The layer sync that ``Trainer(strategy=DDPStrategy(), sync_batchnorm=True)`` gives its strategy."""
+
+    name = "lightning-trainer"
+    probe = ("lightning.pytorch.strategies", "DDPStrategy")
+    converter_words = "Trainer(sync_batchnorm=True)"
+
+    def layer_sync(self):
+        """What a Trainer built with a hand-made DDP strategy and ``sync_batchnorm=True`` leaves on that strategy
+        for ``setup`` to apply (None: nothing is converted). Building a Trainer starts no process and joins no
+        group; its console banner is silenced."""
+        import logging
+
+        from lightning.pytorch import Trainer
+        from lightning.pytorch.strategies import DDPStrategy
+
+        quiet = logging.getLogger("lightning.pytorch")
+        level, quiet.level = quiet.level, logging.ERROR
+        try:
+            trainer = Trainer(accelerator="cpu", devices=1, strategy=DDPStrategy(), sync_batchnorm=True, logger=False,
+                              enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        finally:
+            quiet.level = level
+        return trainer.strategy._layer_sync  # what DDPStrategy.setup applies for fit and teardown reverts
+
+    def library_converter(self):
+        sync = self.layer_sync()
+        return sync.apply if sync is not None else (lambda model: model)
+
+    def library_revert(self):
+        sync = self.layer_sync()
+        return sync.revert if sync is not None else (lambda model: model)

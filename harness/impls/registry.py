@@ -27,6 +27,7 @@ BUILTINS = {
     "timm-layer": "harness.impls.timm_layer:TimmLayerImpl",
     "mmengine": "harness.impls.mmengine_converter:MmengineImpl",
     "lightning": "harness.impls.lightning_converter:LightningImpl",
+    "lightning-trainer": "harness.impls.lightning_converter:LightningTrainerImpl",
     "detectron2": "harness.impls.detectron2:Detectron2Impl",
     "detectron2-n": "harness.impls.detectron2:Detectron2NImpl",
 }

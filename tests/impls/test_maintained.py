@@ -1,4 +1,5 @@
-"""The adapters of maintained SyncBN code: detectron2, detectron2-n, timm-layer, mmengine and lightning.
+"""The adapters of maintained SyncBN code: detectron2, detectron2-n, timm-layer, mmengine, lightning (and
+lightning-trainer).
 
 Design: each adapter runs one or two real multi-process cases (gloo on CPU,
 through the engine, as ``run`` does) where its package imports, and skips
@@ -26,12 +27,13 @@ from harness.errors import ImplUnavailable
 from harness.impls import resolve
 from harness.impls.registry import builtin_names, default_names
 
-NEW = ("detectron2", "detectron2-n", "timm-layer", "mmengine", "lightning")
+NEW = ("detectron2", "detectron2-n", "timm-layer", "mmengine", "lightning", "lightning-trainer")
 MISSING = {"detectron2": ("detectron2", "detectron2_layers"), "detectron2-n": ("detectron2", "detectron2_layers"),
-           "timm-layer": ("timm",), "mmengine": ("mmengine",), "lightning": ("lightning",)}
+           "timm-layer": ("timm",), "mmengine": ("mmengine",), "lightning": ("lightning",),
+           "lightning-trainer": ("lightning",)}
 HINT = {"detectron2": "pip install detectron2-layers", "detectron2-n": "pip install detectron2-layers",
         "timm-layer": "install timm and a torchvision", "mmengine": "pip install mmengine",
-        "lightning": "pip install lightning"}
+        "lightning": "pip install lightning", "lightning-trainer": "pip install lightning"}
 
 
 def _importable(module: str) -> str:
@@ -77,7 +79,7 @@ def test_a_missing_package_is_unavailable_with_the_install_hint(name, monkeypatc
     assert resolve(name).describe()["state"] == "unavailable"
 
 
-@pytest.mark.parametrize("name", ("mmengine", "lightning"))
+@pytest.mark.parametrize("name", ("mmengine", "lightning", "lightning-trainer"))
 def test_converters_run_only_the_converting_cases_of_the_whole_world(name):
     impl = resolve(name)
     layer = catalog.select(["allgather-shape/uneven-2-6/float32-float32/contiguous/ws2"])[0]

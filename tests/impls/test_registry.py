@@ -23,7 +23,8 @@ from harness.impls.base import Impl
 from harness.impls.registry import BUILTINS, builtin_class
 from harness.impls.torch_layer import TorchLayerAdapter
 
-ORDER = ("reference", "torch", "apex", "timm", "timm-layer", "mmengine", "lightning", "detectron2", "detectron2-n")
+ORDER = ("reference", "torch", "apex", "timm", "timm-layer", "mmengine", "lightning", "lightning-trainer",
+         "detectron2", "detectron2-n")
 
 
 def test_the_table_lists_every_builtin_in_order_and_each_class_declares_its_name():

@@ -7,7 +7,9 @@ plugin without edits, on the case that reaches the defect; the undone fix must s
 which the control does not show. A control need not pass: apex's fallback merges uneven batches with equal weights
 and detectron2's ``stats_mode="N"`` keeps a biased running variance (both in docs/findings.md), so what counts is
 the symptom that only the undone fix has. apex is not on the package index: without it (CI) its rows are skipped,
-saying so.
+saying so. Lightning#7026 lives in the Trainer, not in a layer: its undo is a ``sitecustomize`` the rank processes
+import (tests/support/undo_lightning_7026/; they start as fresh interpreters for it), and ``--impl
+lightning-trainer`` runs with and without it.
 
 Not caught, and why (docs/coverage.md keeps these rows "reached"): apex#105's process group made in every forward
 works over gloo (each rank makes the same groups in the same order; the reported stall was NCCL's), and apex#438's
@@ -15,6 +17,8 @@ InstanceNorm check cannot be undone into a defect on a torch whose InstanceNorm 
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -64,3 +68,20 @@ def test_the_case_that_reaches_a_reported_defect_catches_its_fix_undone(module, 
     assert changed.status is not Status.PASS and _shows(changed, want), (
         f"{undone} on {case}: {changed.status.value}: {changed.message}")
     assert not _shows(control, want), f"the control shows it too: {control.status.value}: {control.message}"
+
+
+UNDO_7026 = os.path.join(os.path.dirname(os.path.dirname(__file__)), "support", "undo_lightning_7026")
+
+
+@pytest.mark.slow(6)
+def test_a_trainer_given_a_strategy_by_hand_converts_until_lightning_7026_is_undone(monkeypatch):
+    pytest.importorskip("lightning.pytorch")
+    case = "conversion/config/float32/uneven-3-5/ws2"
+    [installed] = run_selection(catalog.select([case]), resolve_impls(["lightning-trainer"]), RunOptions(timeout=60))
+    assert installed.status is Status.PASS, installed.message
+    # Fresh interpreters for the ranks (a forkserver started earlier in this process would not import it).
+    monkeypatch.setenv("PYTHONPATH", UNDO_7026 + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    monkeypatch.setenv("SYNCBN_HARNESS_START_METHOD", "spawn")
+    [undone] = run_selection(catalog.select([case]), resolve_impls(["lightning-trainer"]), RunOptions(timeout=60))
+    assert undone.status is Status.MISMATCH and "is still BatchNorm2d: not converted" in undone.message, (
+        undone.status, undone.message)
