@@ -183,6 +183,9 @@ def test_the_figure_the_page_states_is_the_tables():
     assert stated, "the page states its figure as **CPU-reachable rows shown: S of N (P%).**"
     assert tuple(int(g) for g in stated.groups()) == (len(shown), len(on_cpu), percent), (
         f"the page says {stated.group(0)}; the table gives {len(shown)} of {len(on_cpu)} ({percent}%)")
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"of the {len(on_cpu)} a CPU can reach, {len(shown)} are shown" in readme, (
+        "README.md's figure (\"of the N a CPU can reach, S are shown\") is not this page's")
     counts = COUNTS.search(PAGE.read_text())
     assert counts, "the page states its counts as 'N rows: S shown, R reached, P pending, G gap, O out of reach, D ...'"
     statuses = [r.status.split(":")[0] for r in table]
