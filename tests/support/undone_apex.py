@@ -48,16 +48,13 @@ class Control(Fallback):
     """apex's fallback SyncBatchNorm and ``convert_syncbn_model``, as installed."""
 
     name = "apex fallback (as installed)"
-    converter = staticmethod(convert_syncbn_model)
+    converter_edits = ()  # what a subclass writes over apex's converter
 
     @classmethod
     def convert_sync_batchnorm(cls, module, process_group=None):
-        return cls.converter(module, process_group=process_group)
-
-
-def _converter(cls, edits=()):
-    """apex's converter (recompiled with ``edits``) building ``cls``'s layers."""
-    return staticmethod(edited_function(convert_syncbn_model, edits, SyncBatchNorm=cls))
+        """apex's converter (recompiled with ``converter_edits``), building this class's layers."""
+        convert = edited_function(convert_syncbn_model, cls.converter_edits, SyncBatchNorm=cls)
+        return convert(module, process_group=process_group)
 
 
 class ReturnUndone(Control):
@@ -78,12 +75,14 @@ class NestedGroupUndone(Control):
     """apex#94 undone: nested layers are converted without the process group."""
 
     name = "apex fallback, apex#94 undone"
+    converter_edits = NESTED
 
 
 class CountUndone(Control):
     """apex#380 undone: ``num_batches_tracked`` is not copied by the converter."""
 
     name = "apex fallback, apex#380 undone"
+    converter_edits = COUNT
 
 
 class GroupPerForwardUndone(Control):
@@ -91,11 +90,3 @@ class GroupPerForwardUndone(Control):
 
     name = "apex fallback, apex#105 undone"
     forward = edited_method(Fallback, "forward", GROUP_PER_FORWARD)
-
-
-Control.converter = _converter(Control)
-ChannelLastUndone.converter = _converter(ChannelLastUndone)
-NestedGroupUndone.converter = _converter(NestedGroupUndone, NESTED)
-CountUndone.converter = _converter(CountUndone, COUNT)
-ReturnUndone.converter = _converter(ReturnUndone)
-GroupPerForwardUndone.converter = _converter(GroupPerForwardUndone)

@@ -30,6 +30,7 @@ from harness.results.symptoms import failures
 
 APEX_REASON = ("" if probe().kind == "fallback"
                else f"needs apex's Python fallback on PYTHONPATH (here: {probe().text})")
+NEEDS_APEX = pytest.mark.skipif(bool(APEX_REASON), reason=APEX_REASON)
 
 EMPTY = "allgather-shape/empty-0-5/float32-float32/contiguous/ws2"
 # (plugin module, undone class, case, what only the undone fix shows: a status or a text in its failures)
@@ -38,17 +39,13 @@ UNDONE = [
                  id="detectron2-2612e4a9"),
     pytest.param("undone_detectron2", "EmptyGradUndone", EMPTY, Status.HANG, id="detectron2-7c69c051"),
     pytest.param("undone_apex", "ReturnUndone", "allgather-shape/even-4-4/float32-float32/contiguous/ws2",
-                 "Expected output to be a torch.Tensor", id="apex-384",
-                 marks=pytest.mark.skipif(bool(APEX_REASON), reason=APEX_REASON)),
+                 "Expected output to be a torch.Tensor", id="apex-384", marks=NEEDS_APEX),
     pytest.param("undone_apex", "ChannelLastUndone", "conversion/config/float32/uneven-3-5/ws2",
-                 "unexpected keyword argument 'channel_last'", id="apex-167",
-                 marks=pytest.mark.skipif(bool(APEX_REASON), reason=APEX_REASON)),
+                 "unexpected keyword argument 'channel_last'", id="apex-167", marks=NEEDS_APEX),
     pytest.param("undone_apex", "NestedGroupUndone", "process-group/convert-nested-subgroup/ws4",
-                 "collectives.group", id="apex-94",
-                 marks=pytest.mark.skipif(bool(APEX_REASON), reason=APEX_REASON)),
+                 "collectives.group", id="apex-94", marks=NEEDS_APEX),
     pytest.param("undone_apex", "CountUndone", "conversion/nested/float32/uneven-3-5/ws2",
-                 "num_batches_tracked", id="apex-380",
-                 marks=pytest.mark.skipif(bool(APEX_REASON), reason=APEX_REASON)),
+                 "num_batches_tracked", id="apex-380", marks=NEEDS_APEX),
 ]
 
 
