@@ -44,6 +44,9 @@ PARALLEL = 3  # files at once: each spawns two to four ranks, beside the suite's
 TIMEOUT_S = 120
 _running: set[procs.Group] = set()  # the files now running (each leads its own process group)
 _running_lock = threading.Lock()
+# CPython 3.11's ast.parse is not safe from several threads at once (gh-106905: "AST constructor recursion depth
+# mismatch", seen here when run_all's threads parsed their files together).
+_parse_lock = threading.Lock()
 
 
 @dataclass
@@ -76,7 +79,8 @@ def judge(exit_code: Optional[int], output: str) -> tuple[str, str]:
 
 def imported_modules(path: Path) -> list[str]:
     """The top-level modules ``path`` imports that are neither the standard library's nor torch."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    with _parse_lock:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
