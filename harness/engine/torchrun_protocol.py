@@ -33,36 +33,50 @@ from __future__ import annotations
 import json
 import threading
 import time
-from datetime import timedelta
 from typing import Optional
 
 PREFIX = "syncbn-harness/"
 HEARTBEAT_S = 0.25
 DEAD_AFTER_S = 1.5  # a heartbeat unchanged this long: the process is gone
+OBSERVER_GAP_S = DEAD_AFTER_S / 3  # an observer whose looks were further apart saw nothing of that gap
 DUMP_GRACE_S = 2.5  # after a dump request, how long ranks get to post their stacks
 POLL_S = 0.05
 
 
 class Heartbeats:
-    """Every rank's heartbeat counter in the store, and when each last moved (as seen from here)."""
+    """Every rank's heartbeat counter in the store, and when each last moved (as seen from here).
+
+    The counters go over a connection of their own (``store.clone()``, where the torch build has it): a
+    store client serves one request at a time, and the job's own connection may be held for long by a
+    blocking request of the main thread (gloo's rendezvous of a new group waits there for its peers).
+    """
 
     def __init__(self, store, world: int):
-        self.store, self.world = store, world
+        self.store = store.clone() if hasattr(store, "clone") else store
+        self.world = world
         start = time.monotonic()
         self._seen = {r: (None, start) for r in range(world)}
+        self._looked = start  # when this observer's last look ended
         self._lock = threading.Lock()
 
     def beat(self, rank: int) -> None:
         self.store.add(f"{PREFIX}heartbeat/{rank}", 1)
 
     def alive(self) -> set[int]:
-        """Ranks whose counter moved within ``DEAD_AFTER_S`` (a rank not yet seen long enough counts as alive)."""
-        now = time.monotonic()
+        """Ranks whose counter moved within ``DEAD_AFTER_S`` (a rank not yet seen long enough counts as alive).
+
+        Silence counts only while this observer looks: after a gap in its own looks longer than
+        ``OBSERVER_GAP_S`` (its process stalled, as a loaded machine's peers may have been too), a counter
+        that did not move proves nothing yet, and its silence is timed afresh.
+        """
         with self._lock:
+            now = time.monotonic()
+            stalled = now - self._looked > OBSERVER_GAP_S
             for r in range(self.world):
                 value = self.store.add(f"{PREFIX}heartbeat/{r}", 0)
-                if value != self._seen[r][0]:
+                if value != self._seen[r][0] or stalled:
                     self._seen[r] = (value, now)
+            self._looked = time.monotonic()
             return {r for r, (_, moved) in self._seen.items() if now - moved < DEAD_AFTER_S}
 
     def writer(self, me: int) -> int:
@@ -72,10 +86,21 @@ class Heartbeats:
 
 
 def exchange(store, name: str, rank: int, world: int, value: str, timeout_s: float) -> list[str]:
-    """Post ``value`` under ``name/<rank>`` and return every rank's, in rank order (waits ``timeout_s`` at most)."""
+    """Post ``value`` under ``name/<rank>`` and return every rank's, in rank order (waits ``timeout_s`` at most).
+
+    It polls rather than calling ``store.wait``: a store client serves one request at a time, whichever
+    thread sends it, so a blocking wait would hold this rank's heartbeat for as long as the last rank takes
+    to arrive, and a peer would take this rank for dead.
+    """
     store.set(f"{PREFIX}{name}/{rank}", value)
     keys = [f"{PREFIX}{name}/{r}" for r in range(world)]
-    store.wait(keys, timedelta(seconds=timeout_s))
+    end = time.monotonic() + timeout_s
+    while not store.check(keys):
+        if time.monotonic() >= end:
+            missing = ", ".join(str(r) for r, k in enumerate(keys) if not store.check([k]))
+            raise TimeoutError(f"the job's ranks did not all reach '{name}' within {timeout_s:g}s: "
+                               f"ranks {missing} did not (see their own output for why)")
+        time.sleep(POLL_S)
     return [store.get(k).decode() for k in keys]
 
 
