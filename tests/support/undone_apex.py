@@ -12,6 +12,9 @@ method, or the converter, recompiled from the installed source with the lines as
 - :class:`CountUndone`: apex#380 undone (2019-09): the converter did not copy ``num_batches_tracked``.
 - :class:`GroupPerForwardUndone`: apex#105 undone (2019-01): without a process group, every training forward made
   a new one (``new_group()``), which made NCCL training stall.
+- :class:`InstanceNormUndone`: apex#438 undone (2019-08): the converter turned InstanceNorm layers into SyncBatchNorm
+  (apex#437). The defect needed a torch whose ``_InstanceNorm`` was a ``_BatchNorm`` (before torch 1.4), so the
+  undo drops the fix's InstanceNorm check and matches every ``_NormBase``, which is what ``_BatchNorm`` matched then.
 - :class:`Control`: the same plugin without edits.
 
 On a CPU-only torch build the fallback's NVTX marks are made no-ops, as the apex adapter does. Run with apex on
@@ -40,6 +43,10 @@ _ALIGN = " " * 50  # the converter's continuation lines are aligned under its re
 NESTED = [[f"convert_syncbn_model(child,\n{_ALIGN}process_group=process_group,\n{_ALIGN}channel_last=channel_last)",
            "convert_syncbn_model(child)"]]
 COUNT = [["        mod.num_batches_tracked = module.num_batches_tracked\n", ""]]
+INSTANCE_NORM = [["    if isinstance(module, torch.nn.modules.instancenorm._InstanceNorm):\n"
+                  "        return module\n", ""],
+                 ["isinstance(module, torch.nn.modules.batchnorm._BatchNorm)",
+                  "isinstance(module, torch.nn.modules.batchnorm._NormBase)"]]
 GROUP_PER_FORWARD = [["        process_group = torch.distributed.group.WORLD\n",
                       "        process_group = torch.distributed.new_group()\n"]]
 
@@ -90,3 +97,10 @@ class GroupPerForwardUndone(Control):
 
     name = "apex fallback, apex#105 undone"
     forward = edited_method(Fallback, "forward", GROUP_PER_FORWARD)
+
+
+class InstanceNormUndone(Control):
+    """apex#438 undone, on the class hierarchy of its day: the converter turns InstanceNorm into SyncBatchNorm."""
+
+    name = "apex fallback, apex#438 undone"
+    converter_edits = INSTANCE_NORM
